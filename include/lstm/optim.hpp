@@ -1,0 +1,64 @@
+// Optimizers (SGD with momentum, Adam, AdamW), gradient clipping by global norm and learning-rate
+// schedules. Semantics follow torch.optim exactly (same update formulas and defaults).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lstm/layers.hpp"
+#include "lstm/tensor.hpp"
+
+namespace lstm {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string kind() const = 0;
+  // One update of every param (value -= ... using grad) at learning rate lr. Params are keyed by
+  // name; state (momentum buffers, moments) is kept per name and created on first use.
+  virtual void step(const std::vector<Param>& params, double lr) = 0;
+  // Optimizer state as named tensors, e.g. "exp_avg.lstm.weight_ih_l0", plus "step" counters;
+  // load_state restores it exactly (throws naming a missing or mis-shaped tensor).
+  virtual std::map<std::string, Tensor> state() const = 0;
+  virtual void load_state(const std::map<std::string, Tensor>& state) = 0;
+  virtual nlohmann::json to_json() const = 0;
+};
+
+// torch.optim.SGD(lr, momentum, dampening=0, weight_decay, nesterov).
+std::unique_ptr<Optimizer> make_sgd(double momentum = 0.0, double weight_decay = 0.0, bool nesterov = false);
+// torch.optim.Adam(betas, eps, weight_decay) (L2 added to the gradient).
+std::unique_ptr<Optimizer> make_adam(double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
+                                     double weight_decay = 0.0);
+// torch.optim.AdamW(betas, eps, weight_decay=0.01) (decoupled decay: value *= 1 - lr*wd).
+std::unique_ptr<Optimizer> make_adamw(double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
+                                      double weight_decay = 0.01);
+// {"type": "sgd"|"adam"|"adamw", ...fields above...}; throws naming an unknown type or field.
+std::unique_ptr<Optimizer> optimizer_from_json(const nlohmann::json& j);
+
+// torch.nn.utils.clip_grad_norm_: scales every grad by max_norm / (total + 1e-6) when the global
+// L2 norm exceeds max_norm. Returns the total norm before clipping (may be NaN/Inf).
+double clip_grad_norm(const std::vector<Param>& params, double max_norm);
+// Global L2 norm of the gradients.
+double grad_norm(const std::vector<Param>& params);
+
+// Learning rate at an optimizer step (0-based).
+class LrSchedule {
+ public:
+  virtual ~LrSchedule() = default;
+  virtual double lr(int64_t step) const = 0;
+  virtual nlohmann::json to_json() const = 0;
+};
+std::unique_ptr<LrSchedule> make_constant_lr(double lr);
+// lr * gamma^(step / step_size) (torch StepLR).
+std::unique_ptr<LrSchedule> make_step_lr(double lr, int64_t step_size, double gamma);
+// Linear warm-up from 0 to lr over warmup steps, then cosine decay to min_lr at total_steps.
+std::unique_ptr<LrSchedule> make_cosine_lr(double lr, int64_t warmup_steps, int64_t total_steps,
+                                           double min_lr = 0.0);
+// {"type": "constant"|"step"|"cosine", "lr": ..., ...}.
+std::unique_ptr<LrSchedule> schedule_from_json(const nlohmann::json& j);
+
+}  // namespace lstm

@@ -1,0 +1,336 @@
+#include "lstm/tensor.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace lstm {
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::F64: return 8;
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::F16: return 2;
+    case DType::I64: return 8;
+    case DType::I32: return 4;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::F64: return "F64";
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+    case DType::U8: return "U8";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& n) {
+  if (n == "F64") return DType::F64;
+  if (n == "F32") return DType::F32;
+  if (n == "BF16") return DType::BF16;
+  if (n == "F16") return DType::F16;
+  if (n == "I64") return DType::I64;
+  if (n == "I32") return DType::I32;
+  if (n == "U8") return DType::U8;
+  LSTM_THROW("unsupported dtype '" << n << "': expected one of F64, F32, BF16, F16, I64, I32, U8");
+}
+
+bool is_floating(DType dt) {
+  return dt == DType::F64 || dt == DType::F32 || dt == DType::BF16 || dt == DType::F16;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(s[i]);
+  }
+  return r + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    LSTM_REQUIRE(d >= 0, "negative dimension in shape " << shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (ax < 0x38800000u) {                                                 // subnormal or zero
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t e = ax >> 23;
+    uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // value = m * 2^(e-150); f16 subnormal unit is 2^-24
+    uint32_t r = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;  // round to nearest even
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t r = ax - 0x38000000u;  // rebias exponent 127 -> 15
+  uint32_t lo = r & 0x1fffu;
+  r >>= 13;
+  if (lo > 0x1000u || (lo == 0x1000u && (r & 1u))) ++r;
+  return static_cast<uint16_t>(sign | r);
+}
+
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu;
+  uint32_t m = h & 0x3ffu;
+  uint32_t u;
+  if (e == 0) {
+    if (m == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      e = 113;
+      while (!(m & 0x400u)) {
+        m <<= 1;
+        --e;
+      }
+      m &= 0x3ffu;
+      u = sign | (e << 23) | (m << 13);
+    }
+  } else if (e == 31) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else {
+    u = sign | ((e + 112) << 23) | (m << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  LSTM_REQUIRE(device == Device::CPU,
+               "Tensor::empty: CUDA tensors are allocated by the CUDA runtime, not here");
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  size_t bytes = std::max<size_t>(64, (t.nbytes() + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  t.storage_ = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill_(value);
+  return t;
+}
+
+int64_t Tensor::size(int64_t i) const {
+  int64_t d = dim();
+  if (i < 0) i += d;
+  LSTM_REQUIRE(i >= 0 && i < d, "size(" << i << ") out of range for a tensor of shape " << shape_str());
+  return shape_[static_cast<size_t>(i)];
+}
+
+template <class T>
+T* Tensor::data() {
+  LSTM_REQUIRE(defined(), "data(): tensor is undefined");
+  LSTM_REQUIRE(dtype_ == dtype_of<T>(), "data(): tensor has dtype " << dtype_name(dtype_)
+                                                                    << ", asked for " << dtype_name(dtype_of<T>()));
+  return reinterpret_cast<T*>(storage_.get() + offset_);
+}
+template <class T>
+const T* Tensor::data() const {
+  return const_cast<Tensor*>(this)->data<T>();
+}
+template double* Tensor::data<double>();
+template float* Tensor::data<float>();
+template int64_t* Tensor::data<int64_t>();
+template int32_t* Tensor::data<int32_t>();
+template uint8_t* Tensor::data<uint8_t>();
+template const double* Tensor::data<double>() const;
+template const float* Tensor::data<float>() const;
+template const int64_t* Tensor::data<int64_t>() const;
+template const int32_t* Tensor::data<int32_t>() const;
+template const uint8_t* Tensor::data<uint8_t>() const;
+
+Tensor Tensor::clone() const {
+  if (!defined()) return Tensor();
+  Tensor t = empty(shape_, dtype_);
+  std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+double Tensor::get(int64_t i) const {
+  const uint8_t* p = static_cast<const uint8_t*>(raw());
+  switch (dtype_) {
+    case DType::F64: return reinterpret_cast<const double*>(p)[i];
+    case DType::F32: return reinterpret_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::I64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+    case DType::I32: return reinterpret_cast<const int32_t*>(p)[i];
+    case DType::U8: return p[i];
+  }
+  return 0;
+}
+
+void Tensor::set(int64_t i, double v) {
+  uint8_t* p = static_cast<uint8_t*>(raw());
+  switch (dtype_) {
+    case DType::F64: reinterpret_cast<double*>(p)[i] = v; break;
+    case DType::F32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::BF16: reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
+    case DType::F16: reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); break;
+    case DType::I64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DType::I32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::U8: p[i] = static_cast<uint8_t>(v); break;
+  }
+}
+
+void Tensor::copy_(const Tensor& src) {
+  LSTM_REQUIRE(src.numel() == numel(), "copy_: source " << src.shape_str() << " has " << src.numel()
+                                                         << " elements, destination " << shape_str()
+                                                         << " has " << numel());
+  if (src.dtype() == dtype_) {
+    std::memcpy(raw(), src.raw(), nbytes());
+    return;
+  }
+  if (src.dtype() == DType::F32 && dtype_ == DType::F64) {
+    const float* s = src.data<float>();
+    double* d = data<double>();
+    for (int64_t i = 0; i < numel_; ++i) d[i] = s[i];
+    return;
+  }
+  if (src.dtype() == DType::F64 && dtype_ == DType::F32) {
+    const double* s = src.data<double>();
+    float* d = data<float>();
+    for (int64_t i = 0; i < numel_; ++i) d[i] = static_cast<float>(s[i]);
+    return;
+  }
+  for (int64_t i = 0; i < numel_; ++i) set(i, src.get(i));
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return clone();
+  Tensor t = empty(shape_, dtype);
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  Shape s = shape;
+  int64_t known = 1;
+  int neg = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      LSTM_REQUIRE(neg < 0, "reshape: more than one -1 in " << lstm::shape_str(shape));
+      neg = static_cast<int>(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (neg >= 0) {
+    LSTM_REQUIRE(known > 0 && numel_ % known == 0,
+                 "reshape: cannot reshape " << shape_str() << " to " << lstm::shape_str(shape));
+    s[static_cast<size_t>(neg)] = numel_ / known;
+  }
+  LSTM_REQUIRE(shape_numel(s) == numel_, "reshape: cannot reshape " << shape_str() << " ("
+                                                                    << numel_ << " elements) to "
+                                                                    << lstm::shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = s;
+  return t;
+}
+
+Tensor Tensor::slice0(int64_t begin, int64_t end) const {
+  LSTM_REQUIRE(dim() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
+               "slice0(" << begin << ", " << end << ") out of range for " << shape_str());
+  Tensor t = *this;
+  int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
+  t.offset_ = offset_ + static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  t.shape_[0] = end - begin;
+  t.numel_ = row * (end - begin);
+  return t;
+}
+
+void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
+
+void Tensor::fill_(double value) {
+  if (dtype_ == DType::F32) {
+    float* d = data<float>();
+    for (int64_t i = 0; i < numel_; ++i) d[i] = static_cast<float>(value);
+  } else if (dtype_ == DType::F64) {
+    double* d = data<double>();
+    for (int64_t i = 0; i < numel_; ++i) d[i] = value;
+  } else {
+    for (int64_t i = 0; i < numel_; ++i) set(i, value);
+  }
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  LSTM_REQUIRE(a.numel() == b.numel(), "max_abs_diff: " << a.shape_str() << " vs " << b.shape_str());
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double d = std::abs(a.get(i) - b.get(i));
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+double rel_l2_error(const Tensor& a, const Tensor& ref) {
+  LSTM_REQUIRE(a.numel() == ref.numel(), "rel_l2_error: " << a.shape_str() << " vs " << ref.shape_str());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double r = ref.get(i), d = a.get(i) - r;
+    num += d * d;
+    den += r * r;
+  }
+  if (std::isnan(num)) return num;
+  if (den == 0) return std::sqrt(num);
+  return std::sqrt(num / den);
+}
+
+bool has_non_finite(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(t.get(i))) return true;
+  return false;
+}
+
+}  // namespace lstm

@@ -1,0 +1,15 @@
+// Row-major GEMM on the CPU through OpenBLAS (cblas). Internal to the library.
+#pragma once
+
+#include <cstdint>
+
+namespace lstm::cpu {
+
+// C[M,N] = alpha * op(A) * op(B) + beta * C, all row-major.
+// op(A) is [M,K]: A is [M,K] (lda >= K) or, when trans_a, [K,M] (lda >= M). Likewise B.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
+
+}  // namespace lstm::cpu

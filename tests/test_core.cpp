@@ -1,0 +1,56 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "lstm/rng.hpp"
+#include "lstm/tensor.hpp"
+
+using namespace lstm;
+
+TEST(Tensor, ShapeReshapeSlice) {
+  Tensor t = Tensor::zeros({2, 3, 4});
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.size(-1), 4);
+  for (int64_t i = 0; i < 24; ++i) t.set(i, static_cast<double>(i));
+  Tensor r = t.reshape({6, -1});
+  EXPECT_EQ(r.shape(), (Shape{6, 4}));
+  EXPECT_TRUE(r.same_storage(t));
+  Tensor s = t.slice0(1, 2);
+  EXPECT_EQ(s.numel(), 12);
+  EXPECT_EQ(s.get(0), 12.0);
+  EXPECT_THROW(t.reshape({5, 5}), Error);
+  EXPECT_THROW(t.size(3), Error);
+  EXPECT_THROW(t.data<double>(), Error);
+}
+
+TEST(Tensor, HalfConversionsRoundTrip) {
+  Rng rng(1);
+  for (int i = 0; i < 10000; ++i) {
+    float f = static_cast<float>(rng.normal() * std::pow(10.0, rng.uniform() * 8 - 4));
+    float b = bf16_to_f32(f32_to_bf16(f));
+    EXPECT_LE(std::abs(b - f), std::abs(f) * (1.0f / 256)) << f;
+    if (std::abs(f) < 60000 && std::abs(f) > 1e-4) {
+      float h = f16_to_f32(f32_to_f16(f));
+      EXPECT_LE(std::abs(h - f), std::abs(f) * (1.0f / 2048)) << f;
+    }
+  }
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f)), 1.0f);
+  EXPECT_EQ(f16_to_f32(f32_to_f16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(1e6f))));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+  // smallest f16 subnormal
+  EXPECT_EQ(f16_to_f32(f32_to_f16(5.9604645e-8f)), 5.9604645e-8f);
+}
+
+TEST(Rng, DeterministicAndResumable) {
+  Rng a(42), b(42);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(a.next_u64(), b.next_u64());
+  auto st = a.state();
+  double x = a.normal();
+  Rng c(7);
+  c.set_state(st);
+  EXPECT_EQ(c.normal(), x);
+  double mean = 0;
+  for (int i = 0; i < 20000; ++i) mean += a.uniform();
+  EXPECT_NEAR(mean / 20000, 0.5, 0.02);
+}
