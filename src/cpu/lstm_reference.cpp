@@ -1,0 +1,380 @@
+// CPU reference LSTM: nn.LSTM semantics with packed-sequence behaviour for variable lengths.
+//
+// Per layer and direction: one GEMM computes every step's input projection (x W_ih^T + biases),
+// then each step adds h_{t-1} W_hh^T and applies the fused pointwise cell. A sequence is
+// "active" at step t while t < length; inactive rows keep their state and output zero, which
+// gives the reverse direction its start at each sequence's own last step for free.
+// Backward runs the steps in reverse, then forms the weight gradients and dX with three GEMMs
+// over all steps at once.
+#include "cpu/lstm_reference.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "cpu/blas.hpp"
+
+namespace lstm::cpu {
+namespace {
+
+template <class T>
+inline T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+// [A, B, C] -> [B, A, C]
+Tensor swap01(const Tensor& t) {
+  int64_t A = t.size(0), B = t.size(1), C = t.size(2);
+  Tensor r = Tensor::empty({B, A, C}, t.dtype());
+  size_t es = dtype_size(t.dtype());
+  const auto* s = static_cast<const uint8_t*>(t.raw());
+  auto* d = static_cast<uint8_t*>(r.raw());
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t b = 0; b < B; ++b)
+      std::memcpy(d + ((b * A + a) * C) * es, s + ((a * B + b) * C) * es, static_cast<size_t>(C) * es);
+  return r;
+}
+
+struct DirSaved {
+  Tensor gates;  // [T, B, 4H] activated i, f, g, o
+  Tensor c;      // [T, B, H] cell state after the step
+  Tensor c_prev; // [T, B, H] cell state before the step
+  Tensor h_prev; // [T, B, Hout] hidden state before the step
+  Tensor m;      // [T, B, H] o * tanh(c) (projection only)
+};
+
+struct LayerSaved {
+  Tensor x;     // [T, B, In] layer input (zero past lengths, after dropout)
+  Tensor mask;  // [T, B, In] dropout scale (0 or 1/(1-p)) applied to the previous output; layers > 0
+  std::vector<DirSaved> dirs;
+};
+
+struct Saved : LstmSaved {
+  int64_t T = 0, B = 0;
+  DType dtype = DType::F32;
+  std::vector<int64_t> lengths;  // always B entries
+  bool has_h0 = false, has_c0 = false;
+  std::vector<LayerSaved> layers;
+};
+
+template <class T>
+struct Ctx {
+  const LstmSpec& spec;
+  const std::vector<Tensor>& w;
+  int64_t Tn, B, H, P, Hout;
+  const std::vector<int64_t>& len;
+};
+
+// One layer, one direction. x: [T, B, In]; writes its Hout columns of y [T, B, D*Hout];
+// h, c: [B, Hout] / [B, H] initial states, updated in place to the final states.
+template <class T>
+void dir_forward(const Ctx<T>& cx, int64_t layer, int64_t dir, const T* x, int64_t In, T* y, T* h, T* c,
+                 DirSaved* sv) {
+  const LstmSpec& s = cx.spec;
+  const int64_t Tn = cx.Tn, B = cx.B, H = cx.H, P = cx.P, Hout = cx.Hout, G4 = 4 * H, D = s.directions();
+  auto sl = s.slots(layer, dir);
+  const T* wih = cx.w[sl.w_ih].template data<T>();
+  const T* whh = cx.w[sl.w_hh].template data<T>();
+  const T* whr = P > 0 ? cx.w[sl.w_hr].template data<T>() : nullptr;
+
+  Tensor gates_t = Tensor::empty({Tn, B, G4}, dtype_of<T>());
+  T* gates = gates_t.data<T>();
+  gemm(false, true, Tn * B, G4, In, T(1), x, In, wih, In, T(0), gates, G4);
+  if (s.bias) {
+    const T* bi = cx.w[sl.b_ih].template data<T>();
+    const T* bh = cx.w[sl.b_hh].template data<T>();
+#pragma omp parallel for if (Tn * B * G4 > 65536)
+    for (int64_t r = 0; r < Tn * B; ++r)
+      for (int64_t j = 0; j < G4; ++j) gates[r * G4 + j] += bi[j] + bh[j];
+  }
+  T *cs = nullptr, *cps = nullptr, *hps = nullptr, *ms = nullptr;
+  if (sv) {
+    sv->c = Tensor::empty({Tn, B, H}, dtype_of<T>());
+    sv->c_prev = Tensor::empty({Tn, B, H}, dtype_of<T>());
+    sv->h_prev = Tensor::empty({Tn, B, Hout}, dtype_of<T>());
+    cs = sv->c.data<T>();
+    cps = sv->c_prev.data<T>();
+    hps = sv->h_prev.data<T>();
+    if (P > 0) {
+      sv->m = Tensor::empty({Tn, B, H}, dtype_of<T>());
+      ms = sv->m.data<T>();
+    }
+  }
+  std::vector<T> m(static_cast<size_t>(B * H)), hp(static_cast<size_t>(P > 0 ? B * P : 0));
+  const bool big = B * H > 8192;
+  for (int64_t step = 0; step < Tn; ++step) {
+    const int64_t t = dir == 0 ? step : Tn - 1 - step;
+    T* g = gates + t * B * G4;
+    if (hps) std::memcpy(hps + t * B * Hout, h, sizeof(T) * static_cast<size_t>(B * Hout));
+    if (cps) std::memcpy(cps + t * B * H, c, sizeof(T) * static_cast<size_t>(B * H));
+    gemm(false, true, B, G4, Hout, T(1), h, Hout, whh, Hout, T(1), g, G4);
+#pragma omp parallel for collapse(2) if (big)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < H; ++j) {
+        if (t >= cx.len[b]) continue;
+        T* gb = g + b * G4;
+        T ig = sigmoid(gb[j]), fg = sigmoid(gb[H + j]), gg = std::tanh(gb[2 * H + j]), og = sigmoid(gb[3 * H + j]);
+        gb[j] = ig;
+        gb[H + j] = fg;
+        gb[2 * H + j] = gg;
+        gb[3 * H + j] = og;
+        T cn = fg * c[b * H + j] + ig * gg;
+        c[b * H + j] = cn;
+        m[b * H + j] = og * std::tanh(cn);
+      }
+    }
+    if (P > 0) {
+      gemm(false, true, B, P, H, T(1), m.data(), H, whr, H, T(0), hp.data(), P);
+      if (ms) std::memcpy(ms + t * B * H, m.data(), sizeof(T) * static_cast<size_t>(B * H));
+    }
+    const T* hn = P > 0 ? hp.data() : m.data();
+    for (int64_t b = 0; b < B; ++b) {
+      T* yrow = y + (t * B + b) * D * Hout + dir * Hout;
+      if (t < cx.len[b]) {
+        std::memcpy(h + b * Hout, hn + b * Hout, sizeof(T) * static_cast<size_t>(Hout));
+        std::memcpy(yrow, hn + b * Hout, sizeof(T) * static_cast<size_t>(Hout));
+      } else {
+        std::memset(yrow, 0, sizeof(T) * static_cast<size_t>(Hout));
+      }
+    }
+    if (cs) std::memcpy(cs + t * B * H, c, sizeof(T) * static_cast<size_t>(B * H));
+  }
+  if (sv) sv->gates = gates_t;
+}
+
+// Backward of one layer/direction. dy: [T, B, D*Hout] (this direction's columns are read);
+// dh, dc: [B, Hout] / [B, H] gradients w.r.t. the final states, replaced by those w.r.t. the
+// initial states. Adds into dx [T, B, In] (beta: 0 overwrites) and into the weight gradients.
+template <class T>
+void dir_backward(const Ctx<T>& cx, int64_t layer, int64_t dir, const DirSaved& sv, const T* x, int64_t In,
+                  const T* dy, T* dh, T* dc, T* dx, T dx_beta, std::vector<Tensor>& dw) {
+  const LstmSpec& s = cx.spec;
+  const int64_t Tn = cx.Tn, B = cx.B, H = cx.H, P = cx.P, Hout = cx.Hout, G4 = 4 * H, D = s.directions();
+  auto sl = s.slots(layer, dir);
+  const T* wih = cx.w[sl.w_ih].template data<T>();
+  const T* whh = cx.w[sl.w_hh].template data<T>();
+  const T* whr = P > 0 ? cx.w[sl.w_hr].template data<T>() : nullptr;
+  const T* gates = sv.gates.data<T>();
+  const T* cs = sv.c.data<T>();
+  const T* cps = sv.c_prev.data<T>();
+
+  Tensor dg_t = Tensor::empty({Tn, B, G4}, dtype_of<T>());
+  T* dg = dg_t.data<T>();
+  Tensor dht_t;  // [T, B, P] gradient w.r.t. the projected output, for dW_hr
+  T* dht = nullptr;
+  if (P > 0) {
+    dht_t = Tensor::zeros({Tn, B, P}, dtype_of<T>());
+    dht = dht_t.data<T>();
+  }
+  std::vector<T> htot(static_cast<size_t>(B * Hout)), dm(static_cast<size_t>(B * H)), dhp(static_cast<size_t>(B * Hout));
+  const bool big = B * H > 8192;
+  for (int64_t step = Tn - 1; step >= 0; --step) {
+    const int64_t t = dir == 0 ? step : Tn - 1 - step;
+    for (int64_t b = 0; b < B; ++b) {
+      const T* dyr = dy + (t * B + b) * D * Hout + dir * Hout;
+      for (int64_t k = 0; k < Hout; ++k) htot[b * Hout + k] = t < cx.len[b] ? dh[b * Hout + k] + dyr[k] : T(0);
+    }
+    if (P > 0) {
+      std::memcpy(dht + t * B * P, htot.data(), sizeof(T) * static_cast<size_t>(B * P));
+      gemm(false, false, B, H, P, T(1), htot.data(), P, whr, H, T(0), dm.data(), H);
+    } else {
+      std::memcpy(dm.data(), htot.data(), sizeof(T) * static_cast<size_t>(B * H));
+    }
+    T* dgt = dg + t * B * G4;
+#pragma omp parallel for collapse(2) if (big)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < H; ++j) {
+        T* d = dgt + b * G4;
+        if (t >= cx.len[b]) {
+          d[j] = d[H + j] = d[2 * H + j] = d[3 * H + j] = T(0);
+          continue;
+        }
+        const T* gb = gates + (t * B + b) * G4;
+        T ig = gb[j], fg = gb[H + j], gg = gb[2 * H + j], og = gb[3 * H + j];
+        T tc = std::tanh(cs[(t * B + b) * H + j]);
+        T dmv = dm[b * H + j];
+        T dct = dc[b * H + j] + dmv * og * (T(1) - tc * tc);
+        d[j] = dct * gg * ig * (T(1) - ig);
+        d[H + j] = dct * cps[(t * B + b) * H + j] * fg * (T(1) - fg);
+        d[2 * H + j] = dct * ig * (T(1) - gg * gg);
+        d[3 * H + j] = dmv * tc * og * (T(1) - og);
+        dc[b * H + j] = dct * fg;
+      }
+    }
+    gemm(false, false, B, Hout, G4, T(1), dgt, G4, whh, Hout, T(0), dhp.data(), Hout);
+    for (int64_t b = 0; b < B; ++b)
+      if (t < cx.len[b]) std::memcpy(dh + b * Hout, dhp.data() + b * Hout, sizeof(T) * static_cast<size_t>(Hout));
+  }
+  const int64_t N = Tn * B;
+  gemm(true, false, G4, In, N, T(1), dg, G4, x, In, T(1), dw[sl.w_ih].data<T>(), In);
+  gemm(true, false, G4, Hout, N, T(1), dg, G4, sv.h_prev.data<T>(), Hout, T(1), dw[sl.w_hh].data<T>(), Hout);
+  if (s.bias) {
+    T* dbi = dw[sl.b_ih].data<T>();
+    T* dbh = dw[sl.b_hh].data<T>();
+#pragma omp parallel for if (G4 * N > 65536)
+    for (int64_t j = 0; j < G4; ++j) {
+      T acc = 0;
+      for (int64_t r = 0; r < N; ++r) acc += dg[r * G4 + j];
+      dbi[j] += acc;
+      dbh[j] += acc;
+    }
+  }
+  if (P > 0) gemm(true, false, P, H, N, T(1), dht, P, sv.m.data<T>(), H, T(1), dw[sl.w_hr].data<T>(), H);
+  gemm(false, false, N, In, G4, T(1), dg, G4, wih, In, dx_beta, dx, In);
+}
+
+template <class T>
+LstmOutput forward_impl(const LstmSpec& s, const std::vector<Tensor>& w, const LstmInput& in, bool training,
+                        Rng* rng, Saved* sv) {
+  auto [Tn, B] = check_lstm_input(s, in, w);
+  const int64_t H = s.hidden_size, P = s.proj_size, Hout = s.out_size(), D = s.directions(), L = s.num_layers;
+  std::vector<int64_t> len = in.lengths.empty() ? std::vector<int64_t>(static_cast<size_t>(B), Tn) : in.lengths;
+  Ctx<T> cx{s, w, Tn, B, H, P, Hout, len};
+
+  // Layer-0 input, sequence-major, with rows past each length zeroed so that NaN there never
+  // reaches a GEMM.
+  Tensor x = s.batch_first ? swap01(in.x) : in.x.clone();
+  {
+    T* xd = x.data<T>();
+    const int64_t I = s.input_size;
+    for (int64_t t = 0; t < Tn; ++t)
+      for (int64_t b = 0; b < B; ++b)
+        if (t >= len[b]) std::memset(xd + (t * B + b) * I, 0, sizeof(T) * static_cast<size_t>(I));
+  }
+  if (sv) {
+    sv->T = Tn;
+    sv->B = B;
+    sv->dtype = dtype_of<T>();
+    sv->lengths = len;
+    sv->has_h0 = in.h0.defined();
+    sv->has_c0 = in.c0.defined();
+    sv->layers.assign(static_cast<size_t>(L), {});
+  }
+  LstmOutput out;
+  out.h_n = Tensor::empty({L * D, B, Hout}, dtype_of<T>());
+  out.c_n = Tensor::empty({L * D, B, H}, dtype_of<T>());
+  Tensor layer_in = x;
+  Tensor y;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t In = s.layer_input_size(l);
+    if (l > 0 && training && s.dropout > 0) {
+      LSTM_REQUIRE(rng, "LSTM: dropout in training needs an Rng");
+      Tensor mask = Tensor::empty(layer_in.shape(), dtype_of<T>());
+      T* md = mask.data<T>();
+      T* xd = layer_in.data<T>();
+      const T keep = T(1) / T(1 - s.dropout);
+      for (int64_t i = 0; i < mask.numel(); ++i) {
+        md[i] = rng->uniform() < s.dropout ? T(0) : keep;
+        xd[i] *= md[i];
+      }
+      if (sv) sv->layers[l].mask = mask;
+    }
+    y = Tensor::empty({Tn, B, D * Hout}, dtype_of<T>());
+    if (sv) {
+      sv->layers[l].x = layer_in;
+      sv->layers[l].dirs.assign(static_cast<size_t>(D), {});
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t idx = l * D + d;
+      T* h = out.h_n.data<T>() + idx * B * Hout;
+      T* c = out.c_n.data<T>() + idx * B * H;
+      if (in.h0.defined())
+        std::memcpy(h, in.h0.data<T>() + idx * B * Hout, sizeof(T) * static_cast<size_t>(B * Hout));
+      else
+        std::memset(h, 0, sizeof(T) * static_cast<size_t>(B * Hout));
+      if (in.c0.defined())
+        std::memcpy(c, in.c0.data<T>() + idx * B * H, sizeof(T) * static_cast<size_t>(B * H));
+      else
+        std::memset(c, 0, sizeof(T) * static_cast<size_t>(B * H));
+      dir_forward<T>(cx, l, d, layer_in.data<T>(), In, y.data<T>(), h, c, sv ? &sv->layers[l].dirs[d] : nullptr);
+    }
+    layer_in = y;
+  }
+  out.output = s.batch_first ? swap01(y) : y;
+  return out;
+}
+
+template <class T>
+LstmGrads backward_impl(const LstmSpec& s, const std::vector<Tensor>& w, const Saved& sv, const LstmGradOutput& g,
+                        std::vector<Tensor>& dw) {
+  const int64_t Tn = sv.T, B = sv.B, H = s.hidden_size, P = s.proj_size, Hout = s.out_size(), D = s.directions(),
+                L = s.num_layers;
+  LSTM_REQUIRE(sv.dtype == dtype_of<T>(), "LSTM backward: saved state has dtype " << dtype_name(sv.dtype));
+  auto names = s.param_names();
+  LSTM_REQUIRE(dw.size() == names.size(), "LSTM backward: expected " << names.size() << " gradient tensors, got "
+                                                                      << dw.size());
+  for (size_t i = 0; i < names.size(); ++i)
+    LSTM_REQUIRE(dw[i].defined() && dw[i].shape() == w[i].shape() && dw[i].dtype() == w[i].dtype(),
+                 "LSTM backward: gradient for '" << names[i] << "' must be " << w[i].shape_str());
+  Ctx<T> cx{s, w, Tn, B, H, P, Hout, sv.lengths};
+  const int64_t LD = L * D;
+  Shape yshape = s.batch_first ? Shape{B, Tn, D * Hout} : Shape{Tn, B, D * Hout};
+  Tensor dy;
+  if (g.d_output.defined()) {
+    LSTM_REQUIRE(g.d_output.shape() == yshape, "LSTM backward: d_output must be " << shape_str(yshape) << ", got "
+                                                                                  << g.d_output.shape_str());
+    dy = s.batch_first ? swap01(g.d_output.to(dtype_of<T>())) : g.d_output.to(dtype_of<T>());
+  } else {
+    dy = Tensor::zeros({Tn, B, D * Hout}, dtype_of<T>());
+  }
+  Tensor dh = g.d_h_n.defined() ? g.d_h_n.to(dtype_of<T>()) : Tensor::zeros({LD, B, Hout}, dtype_of<T>());
+  Tensor dc = g.d_c_n.defined() ? g.d_c_n.to(dtype_of<T>()) : Tensor::zeros({LD, B, H}, dtype_of<T>());
+  LSTM_REQUIRE(dh.shape() == (Shape{LD, B, Hout}), "LSTM backward: d_h_n must be " << shape_str({LD, B, Hout}));
+  LSTM_REQUIRE(dc.shape() == (Shape{LD, B, H}), "LSTM backward: d_c_n must be " << shape_str({LD, B, H}));
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const LayerSaved& ls = sv.layers[l];
+    const int64_t In = s.layer_input_size(l);
+    Tensor dx = Tensor::empty({Tn, B, In}, dtype_of<T>());
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t idx = l * D + d;
+      dir_backward<T>(cx, l, d, ls.dirs[d], ls.x.data<T>(), In, dy.data<T>(), dh.data<T>() + idx * B * Hout,
+                      dc.data<T>() + idx * B * H, dx.data<T>(), d == 0 ? T(0) : T(1), dw);
+    }
+    if (ls.mask.defined()) {
+      T* dxd = dx.data<T>();
+      const T* md = ls.mask.data<T>();
+      for (int64_t i = 0; i < dx.numel(); ++i) dxd[i] *= md[i];
+    }
+    dy = dx;
+  }
+  LstmGrads r;
+  r.d_x = s.batch_first ? swap01(dy) : dy;
+  if (sv.has_h0) r.d_h0 = dh;
+  if (sv.has_c0) r.d_c0 = dc;
+  return r;
+}
+
+class ReferenceBackend final : public LstmBackend {
+ public:
+  Algo algo() const override { return Algo::Reference; }
+  std::string unsupported_reason(const LstmSpec&, DType dtype, Device device) const override {
+    if (device != Device::CPU) return "the reference backend runs on the CPU only";
+    if (dtype != DType::F32 && dtype != DType::F64)
+      return std::string("the reference backend computes in F32 or F64, not ") + dtype_name(dtype);
+    return "";
+  }
+  LstmOutput forward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmInput& in, bool training,
+                     Rng* rng, std::unique_ptr<LstmSaved>* saved) override {
+    std::unique_ptr<Saved> sv = saved ? std::make_unique<Saved>() : nullptr;
+    LSTM_REQUIRE(in.x.defined(), "LSTM: input is undefined");
+    LstmOutput out = in.x.dtype() == DType::F64 ? forward_impl<double>(spec, weights, in, training, rng, sv.get())
+                                                : forward_impl<float>(spec, weights, in, training, rng, sv.get());
+    if (saved) *saved = std::move(sv);
+    return out;
+  }
+  LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmSaved& saved,
+                     const LstmGradOutput& grad, std::vector<Tensor>& d_weights) override {
+    const auto* sv = dynamic_cast<const Saved*>(&saved);
+    LSTM_REQUIRE(sv, "LSTM backward: saved state does not come from the reference backend's forward");
+    return sv->dtype == DType::F64 ? backward_impl<double>(spec, weights, *sv, grad, d_weights)
+                                   : backward_impl<float>(spec, weights, *sv, grad, d_weights);
+  }
+};
+
+}  // namespace
+
+LstmBackend& reference_lstm_backend() {
+  static ReferenceBackend backend;
+  return backend;
+}
+
+}  // namespace lstm::cpu

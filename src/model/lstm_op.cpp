@@ -1,0 +1,194 @@
+// LstmSpec, input checking, initialisation and the backend registry.
+#include <cmath>
+#include <regex>
+
+#include "cpu/lstm_reference.hpp"
+#include "lstm/lstm.hpp"
+
+namespace lstm {
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::Reference: return "reference";
+    case Algo::Cudnn: return "cudnn";
+    case Algo::Fused: return "fused";
+    case Algo::Persistent: return "persistent";
+    case Algo::Auto: return "auto";
+  }
+  return "?";
+}
+
+Algo algo_from_name(const std::string& n) {
+  for (Algo a : {Algo::Reference, Algo::Cudnn, Algo::Fused, Algo::Persistent, Algo::Auto})
+    if (n == algo_name(a)) return a;
+  LSTM_THROW("unknown algo '" << n << "': expected one of reference, cudnn, fused, persistent, auto");
+}
+
+void LstmSpec::validate() const {
+  LSTM_REQUIRE(input_size > 0, "LSTM: input_size must be positive, got " << input_size);
+  LSTM_REQUIRE(hidden_size > 0, "LSTM: hidden_size must be positive, got " << hidden_size);
+  LSTM_REQUIRE(num_layers > 0, "LSTM: num_layers must be positive, got " << num_layers);
+  LSTM_REQUIRE(proj_size >= 0 && proj_size < hidden_size,
+               "LSTM: proj_size must be in [0, hidden_size=" << hidden_size << "), got " << proj_size);
+  LSTM_REQUIRE(dropout >= 0.0 && dropout < 1.0, "LSTM: dropout must be in [0, 1), got " << dropout);
+}
+
+std::vector<std::string> LstmSpec::param_names() const {
+  std::vector<std::string> names;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    for (int64_t d = 0; d < directions(); ++d) {
+      std::string sfx = "_l" + std::to_string(l) + (d ? "_reverse" : "");
+      names.push_back("weight_ih" + sfx);
+      names.push_back("weight_hh" + sfx);
+      if (bias) {
+        names.push_back("bias_ih" + sfx);
+        names.push_back("bias_hh" + sfx);
+      }
+      if (proj_size > 0) names.push_back("weight_hr" + sfx);
+    }
+  }
+  return names;
+}
+
+LstmSpec::Slots LstmSpec::slots(int64_t layer, int64_t direction) const {
+  int per = 2 + (bias ? 2 : 0) + (proj_size > 0 ? 1 : 0);
+  int base = static_cast<int>((layer * directions() + direction) * per);
+  Slots s{base, base + 1, -1, -1, -1};
+  int next = base + 2;
+  if (bias) {
+    s.b_ih = next++;
+    s.b_hh = next++;
+  }
+  if (proj_size > 0) s.w_hr = next;
+  return s;
+}
+
+Shape LstmSpec::param_shape(const std::string& name) const {
+  static const std::regex re("(weight_ih|weight_hh|bias_ih|bias_hh|weight_hr)_l([0-9]+)(_reverse)?");
+  std::smatch m;
+  LSTM_REQUIRE(std::regex_match(name, m, re), "not an nn.LSTM parameter name: '" << name << "'");
+  int64_t layer = std::stoll(m[2].str());
+  LSTM_REQUIRE(layer < num_layers && (!m[3].matched || bidirectional),
+               "parameter '" << name << "' does not exist in an LSTM with " << num_layers << " layer(s)"
+                             << (bidirectional ? ", bidirectional" : ", unidirectional"));
+  const std::string kind = m[1].str();
+  if (kind == "weight_ih") return {4 * hidden_size, layer_input_size(layer)};
+  if (kind == "weight_hh") return {4 * hidden_size, out_size()};
+  if (kind == "weight_hr") {
+    LSTM_REQUIRE(proj_size > 0, "parameter '" << name << "' needs proj_size > 0");
+    return {proj_size, hidden_size};
+  }
+  LSTM_REQUIRE(bias, "parameter '" << name << "' does not exist with bias=false");
+  return {4 * hidden_size};
+}
+
+LstmSpec LstmSpec::infer(const std::map<std::string, Shape>& shapes, const std::string& prefix) {
+  auto find = [&](const std::string& n) -> const Shape* {
+    auto it = shapes.find(prefix + n);
+    return it == shapes.end() ? nullptr : &it->second;
+  };
+  const Shape* wih0 = find("weight_ih_l0");
+  const Shape* whh0 = find("weight_hh_l0");
+  LSTM_REQUIRE(wih0 && whh0, "no nn.LSTM weights found: expected tensors '" << prefix << "weight_ih_l0' and '"
+                                                                            << prefix << "weight_hh_l0'");
+  LSTM_REQUIRE(wih0->size() == 2 && whh0->size() == 2 && (*wih0)[0] % 4 == 0 && (*wih0)[0] > 0,
+               "'" << prefix << "weight_ih_l0' must be [4*hidden, input], got " << shape_str(*wih0));
+  LstmSpec s;
+  s.hidden_size = (*wih0)[0] / 4;
+  s.input_size = (*wih0)[1];
+  s.bias = find("bias_ih_l0") != nullptr;
+  s.bidirectional = find("weight_ih_l0_reverse") != nullptr;
+  if (const Shape* whr = find("weight_hr_l0")) {
+    LSTM_REQUIRE(whr->size() == 2, "'" << prefix << "weight_hr_l0' must be [proj, hidden], got " << shape_str(*whr));
+    s.proj_size = (*whr)[0];
+  }
+  s.num_layers = 0;
+  while (find("weight_ih_l" + std::to_string(s.num_layers))) ++s.num_layers;
+  s.validate();
+  // Every expected tensor must exist with the expected shape, and nothing else may look like one.
+  std::map<std::string, bool> expected;
+  for (const auto& n : s.param_names()) {
+    const Shape* got = find(n);
+    LSTM_REQUIRE(got, "missing nn.LSTM tensor '" << prefix << n << "' for an LSTM with " << s.num_layers
+                                                << " layer(s), hidden " << s.hidden_size);
+    Shape want = s.param_shape(n);
+    LSTM_REQUIRE(*got == want, "tensor '" << prefix << n << "': expected shape " << shape_str(want) << ", got "
+                                         << shape_str(*got));
+    expected[prefix + n] = true;
+  }
+  static const std::regex re("(weight_ih|weight_hh|bias_ih|bias_hh|weight_hr)_l([0-9]+)(_reverse)?");
+  for (const auto& [name, shape] : shapes) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string local = name.substr(prefix.size());
+    if (std::regex_match(local, re))
+      LSTM_REQUIRE(expected.count(name), "unexpected tensor '" << name << "' for an LSTM with " << s.num_layers
+                                                               << " layer(s)" << (s.bidirectional ? ", bidirectional" : "")
+                                                               << (s.proj_size ? ", with projection" : ""));
+  }
+  return s;
+}
+
+std::pair<int64_t, int64_t> check_lstm_input(const LstmSpec& spec, const LstmInput& in,
+                                             const std::vector<Tensor>& weights) {
+  spec.validate();
+  LSTM_REQUIRE(in.x.defined(), "LSTM: input is undefined");
+  LSTM_REQUIRE(in.x.dim() == 3, "LSTM: input must be " << (spec.batch_first ? "[B, T, I]" : "[T, B, I]")
+                                                       << ", got " << in.x.shape_str());
+  int64_t T = spec.batch_first ? in.x.size(1) : in.x.size(0);
+  int64_t B = spec.batch_first ? in.x.size(0) : in.x.size(1);
+  LSTM_REQUIRE(T > 0 && B > 0, "LSTM: input has no steps or no batch: " << in.x.shape_str());
+  LSTM_REQUIRE(in.x.size(2) == spec.input_size,
+               "LSTM: input feature size must be input_size=" << spec.input_size << ", got " << in.x.size(2));
+  LSTM_REQUIRE(in.x.dtype() == DType::F32 || in.x.dtype() == DType::F64,
+               "LSTM: input dtype must be F32 or F64, got " << dtype_name(in.x.dtype()));
+  auto names = spec.param_names();
+  LSTM_REQUIRE(weights.size() == names.size(),
+               "LSTM: expected " << names.size() << " weight tensors, got " << weights.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    LSTM_REQUIRE(weights[i].defined() && weights[i].shape() == spec.param_shape(names[i]),
+                 "LSTM: weight '" << names[i] << "' must be " << shape_str(spec.param_shape(names[i])) << ", got "
+                                  << (weights[i].defined() ? weights[i].shape_str() : std::string("undefined")));
+    LSTM_REQUIRE(weights[i].dtype() == in.x.dtype(), "LSTM: weight '" << names[i] << "' has dtype "
+                                                                      << dtype_name(weights[i].dtype())
+                                                                      << ", input has " << dtype_name(in.x.dtype()));
+  }
+  if (!in.lengths.empty()) {
+    LSTM_REQUIRE(static_cast<int64_t>(in.lengths.size()) == B,
+                 "LSTM: lengths must have one entry per sequence (" << B << "), got " << in.lengths.size());
+    for (size_t b = 0; b < in.lengths.size(); ++b)
+      LSTM_REQUIRE(in.lengths[b] >= 1 && in.lengths[b] <= T,
+                   "LSTM: lengths[" << b << "] must be in [1, " << T << "], got " << in.lengths[b]);
+  }
+  int64_t LD = spec.num_layers * spec.directions();
+  if (in.h0.defined()) {
+    Shape want{LD, B, spec.out_size()};
+    LSTM_REQUIRE(in.h0.shape() == want, "LSTM: h0 must be " << shape_str(want) << ", got " << in.h0.shape_str());
+    LSTM_REQUIRE(in.h0.dtype() == in.x.dtype(), "LSTM: h0 dtype " << dtype_name(in.h0.dtype()) << " differs from input "
+                                                                  << dtype_name(in.x.dtype()));
+  }
+  if (in.c0.defined()) {
+    Shape want{LD, B, spec.hidden_size};
+    LSTM_REQUIRE(in.c0.shape() == want, "LSTM: c0 must be " << shape_str(want) << ", got " << in.c0.shape_str());
+    LSTM_REQUIRE(in.c0.dtype() == in.x.dtype(), "LSTM: c0 dtype " << dtype_name(in.c0.dtype()) << " differs from input "
+                                                                  << dtype_name(in.x.dtype()));
+  }
+  return {T, B};
+}
+
+void lstm_init_weights(const LstmSpec& spec, std::vector<Tensor>& weights, Rng& rng) {
+  double k = 1.0 / std::sqrt(static_cast<double>(spec.hidden_size));
+  for (auto& w : weights) rng.fill_uniform(w, -k, k);
+}
+
+LstmBackend& lstm_backend(Algo algo, const LstmSpec& spec, DType dtype, Device device) {
+  LstmBackend* chosen = nullptr;
+  if (algo == Algo::Reference || algo == Algo::Auto) chosen = &cpu::reference_lstm_backend();
+  LSTM_REQUIRE(chosen, "LSTM algo '" << algo_name(algo) << "' is not built into this binary (available: reference)");
+  std::string why = chosen->unsupported_reason(spec, dtype, device);
+  LSTM_REQUIRE(why.empty(), "LSTM algo '" << algo_name(chosen->algo()) << "' cannot run this case: " << why);
+  return *chosen;
+}
+
+std::vector<Algo> available_algos() { return {Algo::Reference}; }
+
+}  // namespace lstm
