@@ -60,6 +60,10 @@ class Layer {
   // Returns the gradient with respect to the input (data undefined for token input).
   virtual Act backward(const Act& grad_out) = 0;
   virtual std::vector<Param> params() { return {}; }
+  // Streaming inference (e.g. text generation one step at a time): when on, a recurrent layer
+  // starts each forward from the state the previous forward ended in; set_stateful(false) or
+  // a change of batch size resets it. Stateless layers ignore it.
+  virtual void set_stateful(bool on) { (void)on; }
   // Human-readable one-liner, e.g. "Dense(512 -> 10)".
   virtual std::string describe() const = 0;
 };
