@@ -1,0 +1,78 @@
+// Training, evaluation and generation driven by a JSON configuration (what `lstm train` runs).
+//
+// Configuration (every field optional but task and data.path; defaults shown in
+// default_train_config()):
+//   {"task": "charlm" | "classify",
+//    "data": {"path": FILE_OR_FOLDER, "valid_fraction": 0.05, "max_bytes": -1,
+//             "label_column": "label", "sequence_column": "sequence"},
+//    "model": {"embedding_dim": 32, "layers": [{"type": "lstm", "hidden_size": 256}, {"type": "dense"}]},
+//    "train": {"steps": 1000, "batch_size": 32, "seq_len": 64, "seed": 1, "threads": 0,
+//              "optimizer": {"type": "adam"}, "schedule": {"type": "cosine", "lr": 3e-3, ...},
+//              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 200, "eval_batches": 20,
+//              "checkpoint_every": 200, "keep_checkpoints": 3, "sample_length": 300,
+//              "sample_temperature": 0.8}}
+// For token inputs an Embedding(vocab, embedding_dim) is put first; a last dense layer without
+// out_features gets the vocabulary size (charlm) or the class count (classify). A classify model
+// must end its recurrent part with a many-to-one head ({"type": "last_step"} or an lstm with
+// "output": "h_n").
+//
+// Run folder layout (out_dir): checkpoints/step-NNNNNNNN/{model.safetensors, trainer.safetensors},
+// checkpoints/latest (the name of the newest complete checkpoint), model.safetensors (final).
+// model.safetensors holds exactly the PyTorch state_dict names; trainer.safetensors holds
+// optimizer state, RNG states and progress.
+#pragma once
+
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "lstm/data.hpp"
+#include "lstm/model.hpp"
+
+namespace lstm {
+
+nlohmann::json default_train_config();
+// Merges `user` over the defaults (objects recursively) and validates it; errors name the field.
+nlohmann::json resolve_train_config(const nlohmann::json& user);
+
+struct TrainOptions {
+  nlohmann::json config;      // as given by the user (resolved inside)
+  std::string out_dir = "runs/default";
+  bool resume = false;        // continue from out_dir/checkpoints/latest
+  int64_t steps = -1;         // overrides train.steps when >= 0
+  std::ostream* log = nullptr;  // progress and messages (nullptr: std::cerr)
+};
+
+struct TrainResult {
+  int64_t step = 0;            // optimizer steps done in total
+  double train_loss = 0;       // mean loss of the last logged window
+  double valid_loss = 0;       // last evaluation
+  double valid_accuracy = 0;   // last evaluation (fraction of targets predicted right)
+  std::string sample;          // charlm: generated text at the end
+  std::string last_checkpoint;
+  bool stopped_non_finite = false;  // a NaN/Inf loss or gradient stopped the run
+};
+
+// Runs training. A NaN/Inf loss or gradient stops before the update is applied; the run folder
+// keeps its last good checkpoint and the result says so (stopped_non_finite).
+TrainResult train(const TrainOptions& opts);
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t count = 0;
+};
+// Loads a model (a model.safetensors or a run folder) and evaluates it on the validation split of
+// `data_path` (default: the training data recorded in the model file).
+EvalResult evaluate_model(const std::string& model_path, const std::string& data_path = "",
+                          int64_t batch_size = 32, int64_t seq_len = 64);
+
+// Samples `length` characters from a character language model after reading `prime`.
+std::string generate_text(const std::string& model_path, const std::string& prime, int64_t length,
+                          double temperature, uint64_t seed);
+
+// Resolves a model argument: a file as is; a run folder -> its latest checkpoint's model file.
+std::string resolve_model_path(const std::string& path);
+
+}  // namespace lstm
