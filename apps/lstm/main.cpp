@@ -1,1 +1,234 @@
-int main() { return 0; }
+// The `lstm` command line program: train, eval, generate, info, forward.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "lstm/lstm.hpp"
+#include "lstm/model.hpp"
+#include "lstm/parallel.hpp"
+#include "lstm/safetensors.hpp"
+#include "lstm/train.hpp"
+
+#ifndef LSTM_DEFAULT_CORPUS_DIR
+#define LSTM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"
+#endif
+
+namespace {
+
+using namespace lstm;
+
+// The job `lstm train` runs with no arguments: a character language model on the fortune
+// cookie corpus (Debian's fortunes packages), sized to finish in about three minutes on 2 cores.
+nlohmann::json default_job() {
+  nlohmann::json j = {{"task", "charlm"},
+                      {"data", {{"path", LSTM_DEFAULT_CORPUS_DIR}}},
+                      {"model",
+                       {{"embedding_dim", 32},
+                        {"layers", nlohmann::json::array({{{"type", "lstm"}, {"hidden_size", 256}}, {{"type", "dense"}}})}}},
+                      {"train",
+                       {{"steps", 600},
+                        {"batch_size", 32},
+                        {"seq_len", 64},
+                        {"eval_every", 200},
+                        {"checkpoint_every", 200}}}};
+  return j;
+}
+
+void require_cpu(const std::string& device) {
+  LSTM_REQUIRE(device == "cpu", "--device " << device
+                                            << ": this build runs on the CPU only (expected --device cpu); the CUDA "
+                                               "backends are not part of this version yet");
+}
+
+int cmd_forward(const std::string& model_path, const std::string& input_path, const std::string& output_path,
+                const std::string& dtype_arg, const std::string& device, const std::string& algo_arg) {
+  require_cpu(device);
+  SafetensorsFile m = read_safetensors(model_path);
+  std::map<std::string, Shape> shapes;
+  for (auto& [k, v] : m.tensors) shapes[k] = v.shape();
+  LstmSpec spec;
+  try {
+    spec = LstmSpec::infer(shapes);
+  } catch (const Error& e) {
+    LSTM_THROW(model_path << ": " << e.what());
+  }
+  SafetensorsFile x = read_safetensors(input_path);
+  auto it = x.tensors.find("input");
+  LSTM_REQUIRE(it != x.tensors.end(), input_path << ": expected a tensor named 'input' [T, B, I]");
+  const Tensor& input = it->second;
+  LSTM_REQUIRE(is_floating(input.dtype()), input_path << ": 'input' must be floating point, got " << dtype_name(input.dtype()));
+  // Storage dtype of the results and the precision the computation emulates.
+  std::string dt = dtype_arg.empty() ? std::string() : dtype_arg;
+  DType out_dtype = input.dtype();
+  DType compute = input.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  bool round_operands = input.dtype() == DType::BF16 || input.dtype() == DType::F16;
+  DType round_to = input.dtype();
+  if (!dt.empty()) {
+    if (dt == "f64") out_dtype = compute = DType::F64, round_operands = false;
+    else if (dt == "f32" || dt == "tf32") out_dtype = compute = DType::F32, round_operands = false;
+    else if (dt == "bf16") out_dtype = round_to = DType::BF16, compute = DType::F32, round_operands = true;
+    else if (dt == "f16") out_dtype = round_to = DType::F16, compute = DType::F32, round_operands = true;
+    else LSTM_THROW("--dtype must be one of f64, f32, tf32, bf16, f16; got '" << dt << "'");
+  }
+  Algo algo = algo_from_name(algo_arg);
+  auto prep = [&](const Tensor& t) {
+    Tensor c = round_operands ? t.to(round_to).to(compute) : t.to(compute);
+    return c;
+  };
+  std::vector<Tensor> weights;
+  for (const auto& n : spec.param_names()) weights.push_back(prep(m.tensors.at(n)));
+  LstmInput in;
+  in.x = prep(input);
+  if (auto l = x.tensors.find("lengths"); l != x.tensors.end()) {
+    LSTM_REQUIRE(l->second.dim() == 1 && (l->second.dtype() == DType::I64 || l->second.dtype() == DType::I32),
+                 input_path << ": 'lengths' must be int64 [B], got " << dtype_name(l->second.dtype()) << " "
+                            << l->second.shape_str());
+    for (int64_t i = 0; i < l->second.numel(); ++i) in.lengths.push_back(static_cast<int64_t>(l->second.get(i)));
+  }
+  if (auto h = x.tensors.find("h0"); h != x.tensors.end()) in.h0 = prep(h->second);
+  if (auto c = x.tensors.find("c0"); c != x.tensors.end()) in.c0 = prep(c->second);
+  for (auto& [k, v] : x.tensors)
+    LSTM_REQUIRE(k == "input" || k == "lengths" || k == "h0" || k == "c0",
+                 input_path << ": unexpected tensor '" << k << "' (expected input, lengths, h0, c0)");
+  LstmBackend& be = lstm_backend(algo, spec, compute, Device::CPU);
+  LstmOutput out;
+  try {
+    out = be.forward(spec, weights, in, false, nullptr, nullptr);
+  } catch (const Error& e) {
+    LSTM_THROW(input_path << ": " << e.what());
+  }
+  write_safetensors(output_path, {{"output", out.output.to(out_dtype)}, {"h_n", out.h_n.to(out_dtype)},
+                                  {"c_n", out.c_n.to(out_dtype)}},
+                    {{"algo", algo_name(be.algo())}, {"device", device}, {"dtype", dt.empty() ? dtype_name(out_dtype) : dt}});
+  std::cerr << "lstm forward: " << spec.num_layers << " layer(s), hidden " << spec.hidden_size
+            << (spec.bidirectional ? ", bidirectional" : "") << "; algo " << algo_name(be.algo()) << " on " << device
+            << "; wrote " << output_path << "\n";
+  return 0;
+}
+
+int cmd_info(const std::string& model_path) {
+  std::cout << "lstm-engine 0.1.0\n";
+  std::cout << "devices:\n  cpu: " << num_threads() << " threads (OpenMP + OpenBLAS)\n";
+#ifdef LSTM_HAVE_CUDA
+  std::cout << "  cuda: compiled with the CUDA toolkit; GPU backends are not part of this version yet\n";
+#else
+  std::cout << "  cuda: not built (no CUDA compiler found at configure time)\n";
+#endif
+  std::cout << "LSTM algorithms:";
+  for (Algo a : available_algos()) std::cout << " " << algo_name(a);
+  std::cout << "\n";
+  if (!model_path.empty()) {
+    std::string p = resolve_model_path(model_path);
+    std::map<std::string, std::string> meta;
+    Model m = load_model(p, &meta);
+    std::cout << "model " << p << ":\n" << m.summary() << "\n";
+    if (auto t = meta.find("lstm_engine.task"); t != meta.end()) std::cout << "task: " << t->second << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lstm: train and run LSTM networks (lstm-engine)"};
+  app.require_subcommand(1);
+
+  auto* train = app.add_subcommand("train", "train a model (no arguments: the default character language model job)");
+  std::string config_path, data_path, out_dir = "runs/default", device = "cpu";
+  int64_t steps = -1;
+  int threads = 0;
+  bool resume = false;
+  train->add_option("--config", config_path, "JSON training configuration (see include/lstm/train.hpp)");
+  train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify)");
+  train->add_option("--out", out_dir, "run folder for checkpoints and the final model")->capture_default_str();
+  train->add_option("--steps", steps, "total optimizer steps (overrides the config)");
+  train->add_option("--threads", threads, "CPU threads (0: all cores)");
+  train->add_option("--device", device, "cpu")->capture_default_str();
+  train->add_flag("--resume", resume, "continue from the run folder's latest checkpoint");
+
+  auto* eval = app.add_subcommand("eval", "evaluate a trained model on its held-out data");
+  std::string model_arg;
+  int64_t eval_batch = 32, eval_len = 64;
+  eval->add_option("--model", model_arg, "model.safetensors or a run folder")->required();
+  eval->add_option("--data", data_path, "data to evaluate on (default: the training data recorded in the model)");
+  eval->add_option("--batch-size", eval_batch)->capture_default_str();
+  eval->add_option("--seq-len", eval_len, "window length for language models")->capture_default_str();
+  eval->add_option("--device", device)->capture_default_str();
+
+  auto* gen = app.add_subcommand("generate", "sample text from a character language model");
+  std::string prime;
+  int64_t gen_len = 300;
+  double temperature = 0.8;
+  uint64_t seed = 1;
+  gen->add_option("--model", model_arg, "model.safetensors or a run folder")->required();
+  gen->add_option("--prime", prime, "text to start from");
+  gen->add_option("--length", gen_len, "characters to generate")->capture_default_str();
+  gen->add_option("--temperature", temperature, "softmax temperature (> 0)")->capture_default_str();
+  gen->add_option("--seed", seed)->capture_default_str();
+  gen->add_option("--device", device)->capture_default_str();
+
+  auto* info = app.add_subcommand("info", "versions, devices, algorithms; with --model a model summary");
+  info->add_option("--model", model_arg, "model.safetensors or a run folder");
+
+  auto* fwd = app.add_subcommand("forward", "run an nn.LSTM state_dict on inputs from a safetensors file");
+  std::string in_path, out_path, dtype_arg, algo_arg = "reference";
+  fwd->add_option("--model", model_arg, "safetensors with an nn.LSTM state_dict (weight_ih_l0, ...)")->required();
+  fwd->add_option("--input", in_path, "safetensors with input [T,B,I], optional lengths [B], h0, c0")->required();
+  fwd->add_option("--output", out_path, "safetensors to write: output, h_n, c_n")->required();
+  fwd->add_option("--dtype", dtype_arg, "f64|f32|tf32|bf16|f16 (default: the input's dtype)");
+  fwd->add_option("--device", device, "cpu|cuda")->capture_default_str();
+  fwd->add_option("--algo", algo_arg, "reference|cudnn|fused|persistent|auto")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*train) {
+      require_cpu(device);
+      nlohmann::json cfg = default_job();
+      if (!config_path.empty()) {
+        std::ifstream f(config_path);
+        LSTM_REQUIRE(f, "--config: cannot open " << config_path);
+        try {
+          cfg = nlohmann::json::parse(f);
+        } catch (const std::exception& e) {
+          LSTM_THROW("--config " << config_path << ": not valid JSON: " << e.what());
+        }
+      }
+      if (!data_path.empty()) cfg["data"]["path"] = data_path;
+      if (threads > 0) set_num_threads(threads);
+      TrainOptions o;
+      o.config = cfg;
+      o.out_dir = out_dir;
+      o.resume = resume;
+      o.steps = steps;
+      TrainResult r = lstm::train(o);
+      if (r.stopped_non_finite) return 3;
+      std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
+                << 100 * r.valid_accuracy << "%\n";
+      std::cout << "model: " << out_dir << "/model.safetensors; checkpoint: " << r.last_checkpoint << "\n";
+      if (!r.sample.empty()) std::cout << "sample:\n" << r.sample << "\n";
+      return 0;
+    }
+    if (*eval) {
+      require_cpu(device);
+      EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len);
+      std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
+      return 0;
+    }
+    if (*gen) {
+      require_cpu(device);
+      std::cout << prime << generate_text(model_arg, prime, gen_len, temperature, seed) << "\n";
+      return 0;
+    }
+    if (*info) return cmd_info(model_arg);
+    if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg);
+  } catch (const lstm::Error& e) {
+    std::cerr << "lstm: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "lstm: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
