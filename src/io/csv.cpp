@@ -1,0 +1,324 @@
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <unordered_map>
+
+#include "lstm/data.hpp"
+#include "lstm/error.hpp"
+
+namespace lstm {
+
+namespace {
+
+struct Record {
+  std::vector<std::string> fields;
+  int64_t line = 0;  // where the record starts (quoted fields may span lines)
+};
+
+constexpr std::string_view kSpace = " \t\r\n\v\f";
+
+std::string_view trim(std::string_view s) {
+  const size_t b = s.find_first_not_of(kSpace);
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(kSpace) - b + 1);
+}
+
+std::vector<std::string_view> split_ws(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t pos = 0;
+  while ((pos = s.find_first_not_of(kSpace, pos)) != std::string_view::npos) {
+    const size_t end = std::min(s.find_first_of(kSpace, pos), s.size());
+    out.push_back(s.substr(pos, end - pos));
+    pos = end;
+  }
+  return out;
+}
+
+std::vector<Record> parse_csv(std::string_view s, const std::string& path) {
+  std::vector<Record> rows;
+  size_t pos = s.starts_with("\xEF\xBB\xBF") ? 3 : 0;  // spreadsheets like to write a BOM
+  int64_t line = 1;
+  while (pos < s.size()) {
+    Record r;
+    r.line = line;
+    bool end_of_record = false;
+    while (!end_of_record) {
+      std::string field;
+      const size_t field_no = r.fields.size() + 1;
+      if (pos < s.size() && s[pos] == '"') {
+        const int64_t open_line = line;
+        ++pos;
+        for (;;) {
+          LSTM_REQUIRE(pos < s.size(), path << ":" << open_line << ": unterminated quoted field " << field_no
+                                            << ": it opens with \" but the file ends before the closing quote");
+          const char c = s[pos];
+          if (c == '"') {
+            if (pos + 1 < s.size() && s[pos + 1] == '"') {
+              field += '"';
+              pos += 2;
+              continue;
+            }
+            ++pos;
+            break;
+          }
+          if (c == '\n') ++line;
+          field += c;
+          ++pos;
+        }
+        if (pos >= s.size()) {
+          end_of_record = true;
+        } else if (s[pos] == ',') {
+          ++pos;
+        } else if (s[pos] == '\n') {
+          ++pos, ++line, end_of_record = true;
+        } else if (s[pos] == '\r' && pos + 1 < s.size() && s[pos + 1] == '\n') {
+          pos += 2, ++line, end_of_record = true;
+        } else {
+          LSTM_THROW(path << ":" << line << ": unexpected character '" << s[pos] << "' after the closing quote of field "
+                          << field_no << ", expected ',' or the end of the line (write a quote inside a quoted "
+                          << "field as \"\")");
+        }
+      } else {
+        const size_t start = pos;
+        while (pos < s.size() && s[pos] != ',' && s[pos] != '\n') ++pos;
+        size_t end = pos;
+        if (pos >= s.size()) {
+          end_of_record = true;
+        } else if (s[pos] == ',') {
+          ++pos;
+        } else {
+          ++pos, ++line, end_of_record = true;
+        }
+        if (end_of_record && end > start && s[end - 1] == '\r') --end;  // CRLF
+        field.assign(s.substr(start, end - start));
+      }
+      r.fields.push_back(std::move(field));
+    }
+    if (r.fields.size() == 1 && r.fields[0].empty()) continue;  // blank line
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+// The whole of `s` must be the number (std::from_chars is locale-independent, unlike strtod).
+bool parse_double(std::string_view s, double& v) {
+  if (s.size() > 1 && s[0] == '+' && s[1] != '-' && s[1] != '+') s.remove_prefix(1);
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool parse_step(std::string_view step, std::vector<double>& out) {
+  out.clear();
+  size_t pos = 0;
+  for (;;) {
+    const size_t bar = step.find('|', pos);
+    double v = 0;
+    if (!parse_double(step.substr(pos, bar == std::string_view::npos ? std::string_view::npos : bar - pos), v))
+      return false;
+    out.push_back(v);
+    if (bar == std::string_view::npos) return true;
+    pos = bar + 1;
+  }
+}
+
+bool parse_class_id(std::string_view s, int64_t& v) {
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && p == s.data() + s.size() && v >= 0;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out;
+}
+
+}  // namespace
+
+CsvDataset CsvDataset::load(const std::string& path, const std::string& label_column,
+                            const std::string& sequence_column) {
+  std::ifstream in(path, std::ios::binary);
+  LSTM_REQUIRE(in, "CsvDataset::load: cannot open " << path);
+  std::ostringstream os;
+  os << in.rdbuf();
+  LSTM_REQUIRE(!in.bad(), "CsvDataset::load: error reading " << path);
+  const std::string text = os.str();
+
+  const std::vector<Record> rows = parse_csv(text, path);
+  LSTM_REQUIRE(!rows.empty(), path << ": the file is empty, expected a header row naming the columns '"
+                                   << label_column << "' and '" << sequence_column << "'");
+  LSTM_REQUIRE(label_column != sequence_column,
+               "CsvDataset::load: the label and sequence columns must differ, both are '" << label_column << "'");
+  std::vector<std::string> header;
+  for (const auto& f : rows[0].fields) header.emplace_back(trim(f));
+  auto find_column = [&](const std::string& name, const char* role) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    LSTM_REQUIRE(it != header.end(), path << ":" << rows[0].line << ": no " << role << " column '" << name
+                                          << "' in the header; available columns: " << join(header));
+    return static_cast<size_t>(it - header.begin());
+  };
+  const size_t label_col = find_column(label_column, "label");
+  const size_t seq_col = find_column(sequence_column, "sequence");
+  LSTM_REQUIRE(rows.size() > 1, path << ": no data rows after the header");
+
+  std::vector<std::string_view> labels;
+  std::vector<std::vector<std::string_view>> steps;
+  std::vector<int64_t> lines;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    const Record& rec = rows[r];
+    LSTM_REQUIRE(rec.fields.size() == header.size(),
+                 path << ":" << rec.line << ": expected " << header.size() << " fields as in the header, got "
+                      << rec.fields.size() << " (a field holding commas must be quoted)");
+    const std::string_view label = trim(rec.fields[label_col]);
+    LSTM_REQUIRE(!label.empty(), path << ":" << rec.line << ": empty label in column '" << label_column << "'");
+    auto seq = split_ws(rec.fields[seq_col]);
+    LSTM_REQUIRE(!seq.empty(), path << ":" << rec.line << ": empty sequence in column '" << sequence_column
+                                    << "', expected at least one step");
+    labels.push_back(label);
+    steps.push_back(std::move(seq));
+    lines.push_back(rec.line);
+  }
+  const size_t n = labels.size();
+
+  CsvDataset d;
+  // Labels: integer class ids if every label is one, otherwise names.
+  bool integer_labels = true;
+  int64_t max_id = 0;
+  d.labels_.resize(n);
+  for (size_t i = 0; i < n && integer_labels; ++i) {
+    integer_labels = parse_class_id(labels[i], d.labels_[i]);
+    if (integer_labels) max_id = std::max(max_id, d.labels_[i]);
+  }
+  if (integer_labels) {
+    // Guards against a non-label column (an id, a date) being taken for class ids.
+    constexpr int64_t kMaxClassId = (int64_t{1} << 20) - 1;
+    for (size_t i = 0; i < n; ++i)
+      LSTM_REQUIRE(d.labels_[i] <= kMaxClassId, path << ":" << lines[i] << ": label " << d.labels_[i]
+                                                     << " in column '" << label_column
+                                                     << "' is too large for a class id (at most " << kMaxClassId
+                                                     << "); integer labels are used as class ids 0..max");
+    for (int64_t c = 0; c <= max_id; ++c) d.class_names_.push_back(std::to_string(c));
+  } else {
+    const std::set<std::string_view> names(labels.begin(), labels.end());
+    std::unordered_map<std::string_view, int64_t> id;
+    for (const auto& name : names) {
+      id.emplace(name, static_cast<int64_t>(d.class_names_.size()));
+      d.class_names_.emplace_back(name);
+    }
+    for (size_t i = 0; i < n; ++i) d.labels_[i] = id.at(labels[i]);
+  }
+
+  // Sequences: numeric if every step of every row is a number (or numbers joined by '|'). That is
+  // decided over the whole file first, so a token dataset never reports numeric-only errors.
+  std::vector<double> values;
+  bool numeric = true;
+  for (size_t i = 0; i < n && numeric; ++i)
+    for (const auto& step : steps[i])
+      if (!parse_step(step, values)) {
+        numeric = false;
+        break;
+      }
+  d.sequences_.resize(n);
+  if (numeric) {
+    for (size_t i = 0; i < n; ++i) {
+      auto& seq = d.sequences_[i];
+      for (size_t t = 0; t < steps[i].size(); ++t) {
+        parse_step(steps[i][t], values);
+        if (d.features_ == 0) d.features_ = static_cast<int64_t>(values.size());
+        LSTM_REQUIRE(static_cast<int64_t>(values.size()) == d.features_,
+                     path << ":" << lines[i] << ": step " << t + 1 << " ('" << steps[i][t] << "') of column '"
+                          << sequence_column << "' has " << values.size() << " features, expected " << d.features_
+                          << " like the first step at line " << lines[0]);
+        for (double v : values) {
+          const auto f = static_cast<float>(v);
+          LSTM_REQUIRE(std::isfinite(f), path << ":" << lines[i] << ": step " << t + 1 << " ('" << steps[i][t]
+                                              << "') of column '" << sequence_column
+                                              << "' holds a value that is not a finite float");
+          seq.push_back(f);
+        }
+      }
+    }
+    return d;
+  }
+
+  d.tokens_ = true;
+  std::set<std::string_view> vocab;
+  for (const auto& seq : steps) vocab.insert(seq.begin(), seq.end());
+  // Ids are stored as floats, exact only up to 2^24.
+  LSTM_REQUIRE(vocab.size() <= (size_t{1} << 24),
+               path << ": " << vocab.size() << " distinct tokens in column '" << sequence_column
+                    << "', at most " << (size_t{1} << 24) << " are supported");
+  std::unordered_map<std::string_view, int64_t> id;
+  for (const auto& tok : vocab) {
+    id.emplace(tok, static_cast<int64_t>(d.token_names_.size()));
+    d.token_names_.emplace_back(tok);
+  }
+  d.features_ = static_cast<int64_t>(d.token_names_.size());
+  for (size_t i = 0; i < n; ++i) {
+    auto& seq = d.sequences_[i];
+    for (const auto& tok : steps[i]) seq.push_back(static_cast<float>(id.at(tok)));
+  }
+  return d;
+}
+
+Batch CsvDataset::batch(const std::vector<int64_t>& indices) const {
+  LSTM_REQUIRE(!indices.empty(), "CsvDataset::batch: no rows selected");
+  const int64_t width = tokens_ ? 1 : features_;
+  const auto B = static_cast<int64_t>(indices.size());
+  Batch out;
+  out.lengths.resize(indices.size());
+  int64_t T = 0;
+  for (size_t b = 0; b < indices.size(); ++b) {
+    const int64_t i = indices[b];
+    LSTM_REQUIRE(i >= 0 && i < size(),
+                 "CsvDataset::batch: row index " << i << " at position " << b << " is out of range [0, " << size() << ")");
+    out.lengths[b] = static_cast<int64_t>(sequences_[static_cast<size_t>(i)].size()) / width;
+    T = std::max(T, out.lengths[b]);
+  }
+  out.targets = Tensor::empty({B}, DType::I64);
+  int64_t* y = out.targets.data<int64_t>();
+  if (tokens_) {
+    out.inputs = Tensor::zeros({T, B}, DType::I64);
+    int64_t* x = out.inputs.data<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& seq = sequences_[static_cast<size_t>(indices[static_cast<size_t>(b)])];
+      for (int64_t t = 0; t < out.lengths[static_cast<size_t>(b)]; ++t)
+        x[t * B + b] = static_cast<int64_t>(seq[static_cast<size_t>(t)]);
+    }
+  } else {
+    const int64_t F = features_;
+    out.inputs = Tensor::zeros({T, B, F}, DType::F32);
+    float* x = out.inputs.data<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& seq = sequences_[static_cast<size_t>(indices[static_cast<size_t>(b)])];
+      for (int64_t t = 0; t < out.lengths[static_cast<size_t>(b)]; ++t)
+        std::copy_n(seq.begin() + t * F, F, x + (t * B + b) * F);
+    }
+  }
+  for (int64_t b = 0; b < B; ++b) y[b] = labels_[static_cast<size_t>(indices[static_cast<size_t>(b)])];
+  return out;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> CsvDataset::split(double valid_fraction, Rng& rng) const {
+  LSTM_REQUIRE(valid_fraction >= 0.0 && valid_fraction < 1.0,
+               "CsvDataset::split: valid_fraction must be in [0, 1), got " << valid_fraction);
+  const int64_t n = size();
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(order[static_cast<size_t>(i)], order[rng.below(static_cast<uint64_t>(i + 1))]);
+  int64_t n_valid = std::llround(static_cast<double>(n) * valid_fraction);
+  // A requested validation set is never empty, and training always keeps a row.
+  if (n >= 2 && valid_fraction > 0.0) n_valid = std::clamp<int64_t>(n_valid, 1, n - 1);
+  if (n < 2) n_valid = 0;
+  const auto cut = order.begin() + (n - n_valid);
+  return {std::vector<int64_t>(order.begin(), cut), std::vector<int64_t>(cut, order.end())};
+}
+
+}  // namespace lstm
