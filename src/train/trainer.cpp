@@ -332,8 +332,12 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
   LSTM_REQUIRE(t["sample_temperature"].is_number() && t["sample_temperature"].get<double>() > 0,
                "config: 'train.sample_temperature' must be positive");
   auto& sch = t["schedule"];
-  if (sch.is_object() && sch.value("type", "") == "cosine" && sch.value("total_steps", int64_t{0}) == 0)
-    sch["total_steps"] = t["steps"];
+  const bool user_schedule = user.contains("train") && user["train"].is_object() && user["train"].contains("schedule");
+  if (sch.is_object() && sch.value("type", "") == "cosine") {
+    if (sch.value("total_steps", int64_t{0}) == 0) sch["total_steps"] = t["steps"];
+    // The default warm-up must fit short runs.
+    if (!user_schedule) sch["warmup_steps"] = std::min<int64_t>(50, t["steps"].get<int64_t>() / 10);
+  }
   // Construct once to validate (errors name the field).
   (void)optimizer_from_json(t["optimizer"]);
   (void)schedule_from_json(t["schedule"]);
@@ -356,14 +360,9 @@ TrainResult train(const TrainOptions& opts) {
     }
     if (opts.steps >= 0) cfg["train"]["steps"] = opts.steps;
   } else {
-    cfg = resolve_train_config(opts.config);
-    if (opts.steps >= 0) {
-      cfg["train"]["steps"] = opts.steps;
-      if (cfg["train"]["schedule"].value("type", "") == "cosine" &&
-          !(opts.config.contains("train") && opts.config["train"].contains("schedule") &&
-            opts.config["train"]["schedule"].contains("total_steps")))
-        cfg["train"]["schedule"]["total_steps"] = opts.steps;
-    }
+    nlohmann::json user = opts.config;
+    if (opts.steps >= 0) user["train"]["steps"] = opts.steps;
+    cfg = resolve_train_config(user);
   }
   const auto& tc = cfg["train"];
   if (tc["threads"].get<int>() > 0) set_num_threads(tc["threads"].get<int>());

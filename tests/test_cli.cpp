@@ -1,0 +1,230 @@
+// End-to-end tests of the `lstm` program: forward on golden fixtures, kill-and-resume training,
+// and clear errors for bad input.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "lstm/lstm.hpp"
+#include "lstm/safetensors.hpp"
+
+extern char** environ;
+
+using namespace lstm;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;
+};
+
+// Runs the program with a shell, capturing stdout and stderr together.
+CliRun run_cli(const std::string& args) {
+  std::string cmd = std::string(LSTM_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("lstm_cli_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
+}
+
+std::vector<fs::path> fixtures() {
+  std::vector<fs::path> r;
+  if (fs::is_directory(LSTM_FIXTURE_DIR))
+    for (auto& e : fs::directory_iterator(LSTM_FIXTURE_DIR))
+      if (e.path().filename().string().rfind("lstm_", 0) == 0 && e.path().extension() == ".safetensors")
+        r.push_back(e.path());
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
+}  // namespace
+
+TEST(Cli, ForwardMatchesPyTorchGoldenFiles) {
+  auto files = fixtures();
+  ASSERT_FALSE(files.empty()) << "no golden fixtures in " << LSTM_FIXTURE_DIR << " (make them with scripts/make_fixtures.py)";
+  fs::path d = temp_dir("forward");
+  int checked = 0;
+  for (const auto& f : files) {
+    SafetensorsFile g = read_safetensors(f.string());
+    if (g.metadata.count("batch_first") && g.metadata.at("batch_first") == "1") continue;  // CLI input is [T, B, I]
+    std::map<std::string, Shape> shapes;
+    for (auto& [k, v] : g.tensors) shapes[k] = v.shape();
+    LstmSpec spec = LstmSpec::infer(shapes);
+    std::map<std::string, Tensor> model, input;
+    for (const auto& n : spec.param_names()) model[n] = g.tensors.at(n);
+    for (const char* k : {"input", "lengths", "h0", "c0"})
+      if (g.tensors.count(k)) input[k] = g.tensors.at(k);
+    write_safetensors((d / "m.safetensors").string(), model);
+    write_safetensors((d / "x.safetensors").string(), input);
+    CliRun r = run_cli("forward --model " + (d / "m.safetensors").string() + " --input " + (d / "x.safetensors").string() +
+                    " --output " + (d / "y.safetensors").string());
+    ASSERT_EQ(r.code, 0) << f << "\n" << r.out;
+    SafetensorsFile y = read_safetensors((d / "y.safetensors").string());
+    const double tol = g.tensors.at("input").dtype() == DType::F64 ? 1e-10 : 1e-5;
+    for (const char* k : {"output", "h_n", "c_n"}) {
+      EXPECT_EQ(y.tensors.at(k).dtype(), g.tensors.at("input").dtype()) << f << " " << k;
+      EXPECT_LT(rel_l2_error(y.tensors.at(k), g.tensors.at(k)), tol) << f << " " << k;
+    }
+    // Reduced precision: bf16 storage, f32 compute, within DESIGN.md's bf16 tolerance.
+    CliRun rb = run_cli("forward --dtype bf16 --model " + (d / "m.safetensors").string() + " --input " +
+                     (d / "x.safetensors").string() + " --output " + (d / "yb.safetensors").string());
+    ASSERT_EQ(rb.code, 0) << rb.out;
+    SafetensorsFile yb = read_safetensors((d / "yb.safetensors").string());
+    EXPECT_EQ(yb.tensors.at("output").dtype(), DType::BF16);
+    EXPECT_LT(rel_l2_error(yb.tensors.at("output"), g.tensors.at("output")), 2e-2) << f;
+    ++checked;
+  }
+  EXPECT_GT(checked, 3);
+  fs::remove_all(d);
+}
+
+TEST(Cli, ForwardBadInputsGiveClearErrors) {
+  fs::path d = temp_dir("badfwd");
+  LstmSpec s{.input_size = 3, .hidden_size = 4};
+  std::map<std::string, Tensor> model;
+  Rng rng(1);
+  for (const auto& n : s.param_names()) {
+    model[n] = Tensor::empty(s.param_shape(n), DType::F32);
+    rng.fill_normal(model[n], 0, 0.3);
+  }
+  write_safetensors((d / "m.safetensors").string(), model);
+  Tensor x = Tensor::empty({5, 2, 3}, DType::F32);
+  rng.fill_normal(x, 0, 1);
+  auto fwd = [&](const std::map<std::string, Tensor>& in, const std::string& extra = "") {
+    write_safetensors((d / "x.safetensors").string(), in);
+    return run_cli("forward --model " + (d / "m.safetensors").string() + " --input " + (d / "x.safetensors").string() +
+                   " --output " + (d / "y.safetensors").string() + " " + extra);
+  };
+  CliRun ok = fwd({{"input", x}});
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  CliRun wrong = fwd({{"input", Tensor::zeros({5, 2, 4})}});
+  EXPECT_NE(wrong.code, 0);
+  EXPECT_THAT(wrong.out, HasSubstr("input_size=3"));
+  CliRun len0 = fwd({{"input", x}, {"lengths", Tensor::from_vector<int64_t>({2}, {0, 5})}});
+  EXPECT_THAT(len0.out, HasSubstr("lengths[0] must be in [1, 5], got 0"));
+  CliRun len6 = fwd({{"input", x}, {"lengths", Tensor::from_vector<int64_t>({2}, {6, 5})}});
+  EXPECT_THAT(len6.out, HasSubstr("got 6"));
+  CliRun h0 = fwd({{"input", x}, {"h0", Tensor::zeros({1, 3, 4})}});
+  EXPECT_THAT(h0.out, HasSubstr("h0 must be [1, 2, 4], got [1, 3, 4]"));
+  CliRun dt = fwd({{"input", x}}, "--dtype f8");
+  EXPECT_THAT(dt.out, HasSubstr("--dtype must be one of"));
+  CliRun dev = fwd({{"input", x}}, "--device tpu");
+  EXPECT_NE(dev.code, 0);
+  // Truncated model file.
+  std::ifstream mf(d / "m.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(mf)), {});
+  write_text(d / "trunc.safetensors", bytes.substr(0, bytes.size() - 7));
+  CliRun tr = run_cli("forward --model " + (d / "trunc.safetensors").string() + " --input " + (d / "x.safetensors").string() +
+                   " --output " + (d / "y.safetensors").string());
+  EXPECT_EQ(tr.code, 1);
+  EXPECT_THAT(tr.out, HasSubstr("trunc.safetensors"));
+  // A file that is not an LSTM state_dict.
+  write_safetensors((d / "other.safetensors").string(), {{"fc.weight", Tensor::zeros({2, 2})}});
+  CliRun ot = run_cli("forward --model " + (d / "other.safetensors").string() + " --input " + (d / "x.safetensors").string() +
+                   " --output " + (d / "y.safetensors").string());
+  EXPECT_THAT(ot.out, HasSubstr("weight_ih_l0"));
+  fs::remove_all(d);
+}
+
+TEST(Cli, KilledTrainingResumesToTheSameParameters) {
+  fs::path d = temp_dir("kill");
+  {
+    std::ofstream f(d / "text.txt");
+    for (int i = 0; i < 400; ++i) f << "to be or not to be, that is the question " << i * 7 << "\n";
+  }
+  std::ofstream(d / "cfg.json") << R"({"task": "charlm", "data": {"path": ")" << (d / "text.txt").string() << R"("},
+    "model": {"embedding_dim": 8, "layers": [{"type": "lstm", "hidden_size": 48, "num_layers": 2}, {"type": "dense"}]},
+    "train": {"steps": 150, "batch_size": 16, "seq_len": 32, "eval_every": 50, "checkpoint_every": 10,
+              "sample_length": 0, "log_every": 10}})";
+  const std::string base = "train --threads 1 --config " + (d / "cfg.json").string() + " --out ";
+  CliRun full = run_cli(base + (d / "full").string());
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_THAT(full.out, HasSubstr("ETA"));
+  EXPECT_THAT(full.out, HasSubstr("tok/s"));
+
+  // Start the same run, kill it hard once a checkpoint exists, then resume.
+  fs::path run = d / "killed";
+  std::string cli = LSTM_CLI_PATH;
+  std::vector<std::string> args = {cli, "train", "--threads", "1", "--config", (d / "cfg.json").string(), "--out", run.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, cli.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(run / "checkpoints" / "latest") && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ::kill(pid, SIGKILL);
+  int st;
+  ::waitpid(pid, &st, 0);
+  posix_spawn_file_actions_destroy(&fa);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "the run finished before it could be killed";
+  EXPECT_FALSE(fs::exists(run / "model.safetensors"));
+  CliRun res = run_cli("train --threads 1 --resume --out " + run.string());
+  ASSERT_EQ(res.code, 0) << res.out;
+  EXPECT_THAT(res.out, HasSubstr("resuming from"));
+  auto a = read_safetensors((d / "full" / "model.safetensors").string());
+  auto b = read_safetensors((run / "model.safetensors").string());
+  for (auto& [k, v] : a.tensors) EXPECT_EQ(max_abs_diff(v, b.tensors.at(k)), 0.0) << k;
+
+  // eval, generate and info work on the run folder; a checkpoint from another architecture is refused.
+  CliRun ev = run_cli("eval --model " + run.string());
+  EXPECT_EQ(ev.code, 0) << ev.out;
+  EXPECT_THAT(ev.out, HasSubstr("accuracy"));
+  CliRun gen = run_cli("generate --model " + run.string() + " --prime 'to be' --length 20");
+  EXPECT_EQ(gen.code, 0) << gen.out;
+  EXPECT_GE(gen.out.size(), 25u);
+  CliRun info = run_cli("info --model " + run.string());
+  EXPECT_THAT(info.out, HasSubstr("LSTM(8, 48, num_layers=2)"));
+  EXPECT_THAT(info.out, HasSubstr("reference"));
+  fs::remove_all(d);
+}
+
+TEST(Cli, ResumeWithoutCheckpointAndBadConfigAreClear) {
+  fs::path d = temp_dir("badtrain");
+  CliRun r = run_cli("train --resume --out " + (d / "nothing").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("no checkpoint to resume from"));
+  write_text(d / "bad.json", "{\"task\": \"charlm\",");
+  CliRun b = run_cli("train --config " + (d / "bad.json").string());
+  EXPECT_THAT(b.out, HasSubstr("not valid JSON"));
+  write_text(d / "tok.csv", "label,sequence\n0,a b\n1,b a\n");
+  write_text(d / "cfg.json", "{\"task\": \"charlm\", \"data\": {\"path\": \"/nonexistent/file.txt\"}}");
+  CliRun m = run_cli("train --config " + (d / "cfg.json").string() + " --out " + (d / "o").string());
+  EXPECT_EQ(m.code, 1);
+  EXPECT_THAT(m.out, HasSubstr("/nonexistent/file.txt"));
+  fs::remove_all(d);
+}
