@@ -110,7 +110,7 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
 
 int cmd_info(const std::string& model_path) {
   std::cout << "lstm-engine 0.1.0\n";
-  std::cout << "devices:\n  cpu: " << num_threads() << " threads (OpenMP + OpenBLAS)\n";
+  std::cout << "devices:\n  cpu: " << num_threads() << " threads; " << cpu_backend_description() << "\n";
 #ifdef LSTM_HAVE_CUDA
   std::cout << "  cuda: compiled with the CUDA toolkit; GPU backends are not part of this version yet\n";
 #else

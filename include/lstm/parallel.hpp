@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace lstm {
 
@@ -9,5 +10,7 @@ namespace lstm {
 int num_threads();
 // Sets the thread count for our loops and for OpenBLAS. n <= 0 means the core count.
 void set_num_threads(int n);
+// The BLAS in use: library file and kernel family.
+std::string cpu_backend_description();
 
 }  // namespace lstm

@@ -2,7 +2,7 @@
 
 #include <omp.h>
 
-extern "C" void openblas_set_num_threads(int);
+#include "cpu/blas.hpp"
 
 namespace lstm {
 
@@ -11,7 +11,9 @@ int num_threads() { return omp_get_max_threads(); }
 void set_num_threads(int n) {
   if (n <= 0) n = omp_get_num_procs();
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  cpu::blas_set_num_threads(n);
 }
+
+std::string cpu_backend_description() { return cpu::blas_description(); }
 
 }  // namespace lstm
