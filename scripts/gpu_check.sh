@@ -21,7 +21,7 @@
 # reported, never an error.
 #
 # Environment (all optional):
-#   LSTM_CHECK_SECTIONS       sections to run, in order (default "tests cpu_bench")
+#   LSTM_CHECK_SECTIONS       sections to run, in order (default "tests interop cpu_bench")
 #   LSTM_CHECK_QUICK=1        benchmarks with --quick (smoke test of this script)
 #   LSTM_CHECK_THREADS        CPU bench thread counts (default "2 N", N = min(16, nproc))
 #   LSTM_CHECK_CPU_BENCH_ARGS extra arguments for both CPU benches, e.g. "--hidden 128 --layers 1"
@@ -225,6 +225,22 @@ section_cpu_bench() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# section: interop (ours -> PyTorch: strict state_dict load, nn.LSTM equals `lstm forward`)
+# ---------------------------------------------------------------------------------------------
+section_interop() {
+  local bin=""
+  for c in "${LSTM_CLI:-}" "$BUILD_DIR/lstm" "$BUILD_DIR/bin/lstm"; do
+    [[ -n "$c" && -x "$c" ]] && { bin=$c; break; }
+  done
+  [[ -n "$bin" ]] || { NOTE="no lstm program found"; return 1; }
+  have_python && "$PYTHON" -c 'import torch, safetensors' 2>/dev/null || { NOTE="no torch/safetensors"; return 1; }
+  "$PYTHON" "$SCRIPT_DIR/check_torch_interop.py" "$bin" --work "$OUT/logs/interop" 2>&1 | tee "$OUT/logs/interop.log"
+  local rc=${PIPESTATUS[0]}
+  NOTE=$(tail -n 1 "$OUT/logs/interop.log")
+  return "$rc"
+}
+
+# ---------------------------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------------------------
 run_section() {
@@ -244,7 +260,7 @@ run_section() {
 }
 
 export LSTM_CHECK_GIT_COMMIT=${LSTM_CHECK_GIT_COMMIT:-$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || true)}
-for s in ${LSTM_CHECK_SECTIONS:-tests cpu_bench}; do
+for s in ${LSTM_CHECK_SECTIONS:-tests interop cpu_bench}; do
   run_section "$s"
 done
 

@@ -28,11 +28,12 @@ nlohmann::json default_job() {
                        {{"embedding_dim", 32},
                         {"layers", nlohmann::json::array({{{"type", "lstm"}, {"hidden_size", 256}}, {{"type", "dense"}}})}}},
                       {"train",
-                       {{"steps", 600},
+                       {{"steps", 1800},
                         {"batch_size", 32},
                         {"seq_len", 64},
-                        {"eval_every", 200},
-                        {"checkpoint_every", 200}}}};
+                        {"log_every", 20},
+                        {"eval_every", 600},
+                        {"checkpoint_every", 600}}}};
   return j;
 }
 
