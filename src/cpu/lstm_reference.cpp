@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <omp.h>
+
 #include "cpu/blas.hpp"
 
 namespace lstm::cpu {
@@ -53,11 +55,15 @@ inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 #pragma omp declare simd
 inline float tanh_f32(float x) { return 2.0f / (1.0f + exp_f32(-2.0f * x)) - 1.0f; }
 
-// gates g[4H] (pre-activation in, activated i, f, g, o out); c[H] updated; m[H] = o * tanh(c).
-LSTM_CPU_CLONES void cell_forward_row(float* __restrict g, float* __restrict c, float* __restrict m, int64_t H) {
+// One row's block of n units. g points at the row's gates (i at g, f at g + H, ...; pre-activation
+// in, activated out); r holds the recurrent part for the block (i at r, f at r + n, ...), added
+// first. c (n values) is updated; m = o * tanh(c).
+LSTM_CPU_CLONES void cell_forward_units(float* __restrict g, const float* __restrict r, float* __restrict c,
+                                        float* __restrict m, int64_t n, int64_t H) {
 #pragma omp simd
-  for (int64_t j = 0; j < H; ++j) {
-    float ig = sigmoid_f32(g[j]), fg = sigmoid_f32(g[H + j]), gg = tanh_f32(g[2 * H + j]), og = sigmoid_f32(g[3 * H + j]);
+  for (int64_t j = 0; j < n; ++j) {
+    float ig = sigmoid_f32(g[j] + r[j]), fg = sigmoid_f32(g[H + j] + r[n + j]);
+    float gg = tanh_f32(g[2 * H + j] + r[2 * n + j]), og = sigmoid_f32(g[3 * H + j] + r[3 * n + j]);
     g[j] = ig;
     g[H + j] = fg;
     g[2 * H + j] = gg;
@@ -67,10 +73,11 @@ LSTM_CPU_CLONES void cell_forward_row(float* __restrict g, float* __restrict c, 
     m[j] = og * tanh_f32(cn);
   }
 }
-void cell_forward_row(double* g, double* c, double* m, int64_t H) {
+void cell_forward_units(double* g, const double* r, double* c, double* m, int64_t n, int64_t H) {
   auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
-  for (int64_t j = 0; j < H; ++j) {
-    double ig = sig(g[j]), fg = sig(g[H + j]), gg = std::tanh(g[2 * H + j]), og = sig(g[3 * H + j]);
+  for (int64_t j = 0; j < n; ++j) {
+    double ig = sig(g[j] + r[j]), fg = sig(g[H + j] + r[n + j]);
+    double gg = std::tanh(g[2 * H + j] + r[2 * n + j]), og = sig(g[3 * H + j] + r[3 * n + j]);
     g[j] = ig;
     g[H + j] = fg;
     g[2 * H + j] = gg;
@@ -81,14 +88,15 @@ void cell_forward_row(double* g, double* c, double* m, int64_t H) {
   }
 }
 
-// Backward of one row: gates[4H] activated, cs[H] = c_t, cp[H] = c_{t-1}, dm[H] = dL/dm_t;
-// dc[H] holds dL/dc_t from later steps and becomes dL/dc_{t-1}; d[4H] gets the pre-activation
-// gate gradients.
+// Backward of one row's block of n units (gate sections H apart in gates and d): cs = c_t,
+// cp = c_{t-1}, dm = dL/dm_t; dc holds dL/dc_t from later steps and becomes dL/dc_{t-1}; d gets
+// the pre-activation gate gradients.
 template <class T, class Tanh>
-inline void cell_backward_row_impl(const T* __restrict gates, const T* __restrict cs, const T* __restrict cp,
-                                   const T* __restrict dm, T* __restrict dc, T* __restrict d, int64_t H, Tanh tanh_fn) {
+inline void cell_backward_units_impl(const T* __restrict gates, const T* __restrict cs, const T* __restrict cp,
+                                     const T* __restrict dm, T* __restrict dc, T* __restrict d, int64_t n, int64_t H,
+                                     Tanh tanh_fn) {
 #pragma omp simd
-  for (int64_t j = 0; j < H; ++j) {
+  for (int64_t j = 0; j < n; ++j) {
     T ig = gates[j], fg = gates[H + j], gg = gates[2 * H + j], og = gates[3 * H + j];
     T tc = tanh_fn(cs[j]);
     T dmv = dm[j];
@@ -100,13 +108,36 @@ inline void cell_backward_row_impl(const T* __restrict gates, const T* __restric
     dc[j] = dct * fg;
   }
 }
-LSTM_CPU_CLONES void cell_backward_row(const float* gates, const float* cs, const float* cp, const float* dm, float* dc,
-                                       float* d, int64_t H) {
-  cell_backward_row_impl(gates, cs, cp, dm, dc, d, H, tanh_f32);
+LSTM_CPU_CLONES void cell_backward_units(const float* gates, const float* cs, const float* cp, const float* dm,
+                                         float* dc, float* d, int64_t n, int64_t H) {
+  cell_backward_units_impl(gates, cs, cp, dm, dc, d, n, H, tanh_f32);
 }
-void cell_backward_row(const double* gates, const double* cs, const double* cp, const double* dm, double* dc, double* d,
-                       int64_t H) {
-  cell_backward_row_impl(gates, cs, cp, dm, dc, d, H, [](double x) { return std::tanh(x); });
+void cell_backward_units(const double* gates, const double* cs, const double* cp, const double* dm, double* dc,
+                         double* d, int64_t n, int64_t H) {
+  cell_backward_units_impl(gates, cs, cp, dm, dc, d, n, H, [](double x) { return std::tanh(x); });
+}
+
+// Threads of the step loop and each one's share [begin, end) of n items (units or outputs).
+// Each thread owns a block of hidden units for the whole sequence, so its slice of W_hh stays in
+// its core's cache and one barrier per phase replaces a threaded GEMM per step.
+int64_t step_threads(int64_t H, int64_t B) {
+  int64_t nt = omp_get_max_threads();
+  if (H * B < 2048) nt = 1;  // too little work per step to pay for the barriers
+  return std::max<int64_t>(1, std::min<int64_t>(nt, H / 16));
+}
+std::pair<int64_t, int64_t> share(int64_t n, int64_t parts, int64_t k) {
+  return {n * k / parts, n * (k + 1) / parts};
+}
+// Runs body(k) on nt threads. One thread runs it directly: a team of one would still make
+// OpenBLAS start nested threads for every product.
+template <class F>
+void run_step_team(int64_t nt, F& body) {
+  if (nt == 1) {
+    body(0);  // the barriers inside bind to no team and do nothing
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(nt))
+  body(omp_get_thread_num());
 }
 
 // [A, B, C] -> [B, A, C]
@@ -170,9 +201,11 @@ void dir_forward(const Ctx<T>& cx, int64_t layer, int64_t dir, const T* x, int64
   if (s.bias) {
     const T* bi = cx.w[sl.b_ih].template data<T>();
     const T* bh = cx.w[sl.b_hh].template data<T>();
+    std::vector<T> bsum(static_cast<size_t>(G4));
+    for (int64_t j = 0; j < G4; ++j) bsum[j] = bi[j] + bh[j];
 #pragma omp parallel for if (Tn * B * G4 > 65536)
     for (int64_t r = 0; r < Tn * B; ++r)
-      for (int64_t j = 0; j < G4; ++j) gates[r * G4 + j] += bi[j] + bh[j];
+      for (int64_t j = 0; j < G4; ++j) gates[r * G4 + j] += bsum[j];
   }
   T *cs = nullptr, *cps = nullptr, *hps = nullptr, *ms = nullptr;
   if (sv) {
@@ -183,37 +216,70 @@ void dir_forward(const Ctx<T>& cx, int64_t layer, int64_t dir, const T* x, int64
     cps = sv->c_prev.data<T>();
     hps = sv->h_prev.data<T>();
     if (P > 0) {
-      sv->m = Tensor::empty({Tn, B, H}, dtype_of<T>());
+      sv->m = Tensor::zeros({Tn, B, H}, dtype_of<T>());
       ms = sv->m.data<T>();
     }
   }
-  std::vector<T> m(static_cast<size_t>(B * H)), hp(static_cast<size_t>(P > 0 ? B * P : 0));
-  const bool big = B * H > 8192;
-  for (int64_t step = 0; step < Tn; ++step) {
-    const int64_t t = dir == 0 ? step : Tn - 1 - step;
-    T* g = gates + t * B * G4;
-    if (hps) std::memcpy(hps + t * B * Hout, h, sizeof(T) * static_cast<size_t>(B * Hout));
-    if (cps) std::memcpy(cps + t * B * H, c, sizeof(T) * static_cast<size_t>(B * H));
-    gemm(false, true, B, G4, Hout, T(1), h, Hout, whh, Hout, T(1), g, G4);
-#pragma omp parallel for if (big)
-    for (int64_t b = 0; b < B; ++b)
-      if (t < cx.len[b]) cell_forward_row(g + b * G4, c + b * H, m.data() + b * H, H);
-    if (P > 0) {
-      gemm(false, true, B, P, H, T(1), m.data(), H, whr, H, T(0), hp.data(), P);
-      if (ms) std::memcpy(ms + t * B * H, m.data(), sizeof(T) * static_cast<size_t>(B * H));
-    }
-    const T* hn = P > 0 ? hp.data() : m.data();
-    for (int64_t b = 0; b < B; ++b) {
-      T* yrow = y + (t * B + b) * D * Hout + dir * Hout;
-      if (t < cx.len[b]) {
-        std::memcpy(h + b * Hout, hn + b * Hout, sizeof(T) * static_cast<size_t>(Hout));
-        std::memcpy(yrow, hn + b * Hout, sizeof(T) * static_cast<size_t>(Hout));
-      } else {
-        std::memset(yrow, 0, sizeof(T) * static_cast<size_t>(Hout));
-      }
-    }
-    if (cs) std::memcpy(cs + t * B * H, c, sizeof(T) * static_cast<size_t>(B * H));
+  const int64_t nt = step_threads(H, B);
+  // W_hh regrouped by unit block: block k holds the i, f, g, o rows of its units, so that one
+  // GEMM gives the block all four gates.
+  std::vector<T> wr(static_cast<size_t>(G4 * Hout));
+  for (int64_t k = 0; k < nt; ++k) {
+    auto [u0, u1] = share(H, nt, k);
+    T* dst = wr.data() + 4 * u0 * Hout;
+    for (int64_t gate = 0; gate < 4; ++gate)
+      for (int64_t j = u0; j < u1; ++j, dst += Hout)
+        std::memcpy(dst, whh + (gate * H + j) * Hout, sizeof(T) * static_cast<size_t>(Hout));
   }
+  std::vector<T> hbuf(static_cast<size_t>(2 * B * Hout)), m(static_cast<size_t>(B * H), T(0)),
+      hp(static_cast<size_t>(P > 0 ? B * P : 0)), rec(static_cast<size_t>(B * G4));
+  std::memcpy(hbuf.data(), h, sizeof(T) * static_cast<size_t>(B * Hout));
+  const int64_t* len = cx.len.data();
+  auto body = [&](int64_t k) {
+    auto [u0, u1] = share(H, nt, k);
+    auto [o0, o1] = share(Hout, nt, k);
+    const int64_t nu = u1 - u0, no = o1 - o0;
+    T* r = rec.data() + 4 * u0 * B;  // [B, 4*nu] recurrent part of this block's gates
+    int cur = 0;
+    for (int64_t step = 0; step < Tn; ++step) {
+      const int64_t t = dir == 0 ? step : Tn - 1 - step;
+      const T* hc = hbuf.data() + cur * B * Hout;
+      T* hn = hbuf.data() + (1 - cur) * B * Hout;
+      T* g = gates + t * B * G4;
+      for (int64_t b = 0; b < B; ++b) {
+        if (hps) std::memcpy(hps + (t * B + b) * Hout + o0, hc + b * Hout + o0, sizeof(T) * static_cast<size_t>(no));
+        if (cps) std::memcpy(cps + (t * B + b) * H + u0, c + b * H + u0, sizeof(T) * static_cast<size_t>(nu));
+      }
+      if (nu > 0) gemm(false, true, B, 4 * nu, Hout, T(1), hc, Hout, wr.data() + 4 * u0 * Hout, Hout, T(0), r, 4 * nu);
+      for (int64_t b = 0; b < B; ++b)
+        if (t < len[b]) cell_forward_units(g + b * G4 + u0, r + b * 4 * nu, c + b * H + u0, m.data() + b * H + u0, nu, H);
+      const T* hnew = m.data();
+      if (P > 0) {
+        if (ms)
+          for (int64_t b = 0; b < B; ++b)
+            if (t < len[b]) std::memcpy(ms + (t * B + b) * H + u0, m.data() + b * H + u0, sizeof(T) * static_cast<size_t>(nu));
+#pragma omp barrier
+        if (no > 0) gemm(false, true, B, no, H, T(1), m.data(), H, whr + o0 * H, H, T(0), hp.data() + o0, P);
+        hnew = hp.data();
+      }
+      for (int64_t b = 0; b < B; ++b) {
+        T* yrow = y + (t * B + b) * D * Hout + dir * Hout + o0;
+        const size_t bytes = sizeof(T) * static_cast<size_t>(no);
+        if (t < len[b]) {
+          std::memcpy(hn + b * Hout + o0, hnew + b * Hout + o0, bytes);
+          std::memcpy(yrow, hnew + b * Hout + o0, bytes);
+        } else {
+          std::memcpy(hn + b * Hout + o0, hc + b * Hout + o0, bytes);
+          std::memset(yrow, 0, bytes);
+        }
+        if (cs) std::memcpy(cs + (t * B + b) * H + u0, c + b * H + u0, sizeof(T) * static_cast<size_t>(nu));
+      }
+      cur = 1 - cur;
+#pragma omp barrier
+    }
+  };
+  run_step_team(nt, body);
+  std::memcpy(h, hbuf.data() + (Tn % 2) * B * Hout, sizeof(T) * static_cast<size_t>(B * Hout));
   if (sv) sv->gates = gates_t;
 }
 
@@ -241,35 +307,47 @@ void dir_backward(const Ctx<T>& cx, int64_t layer, int64_t dir, const DirSaved& 
     dht_t = Tensor::zeros({Tn, B, P}, dtype_of<T>());
     dht = dht_t.data<T>();
   }
-  std::vector<T> htot(static_cast<size_t>(B * Hout)), dm(static_cast<size_t>(B * H)), dhp(static_cast<size_t>(B * Hout));
-  const bool big = B * H > 8192;
-  for (int64_t step = Tn - 1; step >= 0; --step) {
-    const int64_t t = dir == 0 ? step : Tn - 1 - step;
-    for (int64_t b = 0; b < B; ++b) {
-      const T* dyr = dy + (t * B + b) * D * Hout + dir * Hout;
-      for (int64_t k = 0; k < Hout; ++k) htot[b * Hout + k] = t < cx.len[b] ? dh[b * Hout + k] + dyr[k] : T(0);
-    }
-    if (P > 0) {
-      std::memcpy(dht + t * B * P, htot.data(), sizeof(T) * static_cast<size_t>(B * P));
-      gemm(false, false, B, H, P, T(1), htot.data(), P, whr, H, T(0), dm.data(), H);
-    } else {
-      std::memcpy(dm.data(), htot.data(), sizeof(T) * static_cast<size_t>(B * H));
-    }
-    T* dgt = dg + t * B * G4;
-#pragma omp parallel for if (big)
-    for (int64_t b = 0; b < B; ++b) {
-      T* d = dgt + b * G4;
-      if (t >= cx.len[b]) {
-        std::memset(d, 0, sizeof(T) * static_cast<size_t>(G4));
-        continue;
+  std::vector<T> htot(static_cast<size_t>(B * Hout)), dmb(static_cast<size_t>(P > 0 ? B * H : 0)),
+      dhp(static_cast<size_t>(B * Hout));
+  const int64_t nt = step_threads(H, B);
+  const int64_t* len = cx.len.data();
+  auto body = [&](int64_t k) {
+    auto [u0, u1] = share(H, nt, k);
+    auto [o0, o1] = share(Hout, nt, k);
+    const int64_t nu = u1 - u0, no = o1 - o0;
+    for (int64_t step = Tn - 1; step >= 0; --step) {
+      const int64_t t = dir == 0 ? step : Tn - 1 - step;
+      // Gradient reaching h_t: from the next step (dh) and from the output at t.
+      for (int64_t b = 0; b < B; ++b) {
+        const T* dyr = dy + (t * B + b) * D * Hout + dir * Hout;
+        for (int64_t q = o0; q < o1; ++q) htot[b * Hout + q] = t < len[b] ? dh[b * Hout + q] + dyr[q] : T(0);
+        if (P > 0) std::memcpy(dht + (t * B + b) * P + o0, htot.data() + b * Hout + o0, sizeof(T) * static_cast<size_t>(no));
       }
-      const int64_t row = t * B + b;
-      cell_backward_row(gates + row * G4, cs + row * H, cps + row * H, dm.data() + b * H, dc + b * H, d, H);
+      const T* dm = htot.data();  // without projection, units and outputs share one partition
+      if (P > 0) {
+#pragma omp barrier
+        if (nu > 0) gemm(false, false, B, nu, P, T(1), htot.data(), P, whr + u0, H, T(0), dmb.data() + u0, H);
+        dm = dmb.data();
+      }
+      T* dgt = dg + t * B * G4;
+      for (int64_t b = 0; b < B; ++b) {
+        T* d = dgt + b * G4 + u0;
+        if (t >= len[b]) {
+          for (int64_t gate = 0; gate < 4; ++gate) std::memset(d + gate * H, 0, sizeof(T) * static_cast<size_t>(nu));
+          continue;
+        }
+        const int64_t row = t * B + b;
+        cell_backward_units(gates + row * G4 + u0, cs + row * H + u0, cps + row * H + u0, dm + b * H + u0,
+                            dc + b * H + u0, d, nu, H);
+      }
+#pragma omp barrier
+      if (no > 0) gemm(false, false, B, no, G4, T(1), dgt, G4, whh + o0, Hout, T(0), dhp.data() + o0, Hout);
+      for (int64_t b = 0; b < B; ++b)
+        if (t < len[b]) std::memcpy(dh + b * Hout + o0, dhp.data() + b * Hout + o0, sizeof(T) * static_cast<size_t>(no));
+#pragma omp barrier
     }
-    gemm(false, false, B, Hout, G4, T(1), dgt, G4, whh, Hout, T(0), dhp.data(), Hout);
-    for (int64_t b = 0; b < B; ++b)
-      if (t < cx.len[b]) std::memcpy(dh + b * Hout, dhp.data() + b * Hout, sizeof(T) * static_cast<size_t>(Hout));
-  }
+  };
+  run_step_team(nt, body);
   const int64_t N = Tn * B;
   gemm(true, false, G4, In, N, T(1), dg, G4, x, In, T(1), dw[sl.w_ih].data<T>(), In);
   gemm(true, false, G4, Hout, N, T(1), dg, G4, sv.h_prev.data<T>(), Hout, T(1), dw[sl.w_hh].data<T>(), Hout);
