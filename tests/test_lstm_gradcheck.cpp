@@ -26,6 +26,8 @@ struct Case {
   std::vector<int64_t> lengths;  // empty: all T
   bool with_h0 = false;
 };
+// What ctest and gtest print for a case: its name, not its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 // Everything one forward needs, drawn from a seed.
 struct Problem {

@@ -274,10 +274,14 @@ std::string save_checkpoint(const fs::path& out_dir, int64_t step, const Model& 
   fs::rename(tmp, final_dir);
   fsync_dir(ck);
   write_file_atomic((ck / "latest").string(), step_dir_name(step) + "\n");
-  // Keep the newest `keep` checkpoints.
-  std::vector<fs::path> dirs;
-  for (auto& e : fs::directory_iterator(ck))
-    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) dirs.push_back(e.path());
+  // Keep the newest `keep` checkpoints; drop temporary folders a killed run left behind.
+  std::vector<fs::path> dirs, stale;
+  for (auto& e : fs::directory_iterator(ck)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0) dirs.push_back(e.path());
+    if (name.rfind(".tmp-", 0) == 0) stale.push_back(e.path());
+  }
+  for (auto& p : stale) fs::remove_all(p);
   std::sort(dirs.begin(), dirs.end());
   for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < dirs.size(); ++i)
     if (dirs[i] != final_dir) fs::remove_all(dirs[i]);
