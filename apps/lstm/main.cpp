@@ -1,5 +1,6 @@
 // The `lstm` command line program: train, eval, generate, info, forward.
 #include <CLI/CLI.hpp>
+#include <malloc.h>
 
 #include <cstdio>
 #include <fstream>
@@ -28,12 +29,12 @@ nlohmann::json default_job() {
                        {{"embedding_dim", 32},
                         {"layers", nlohmann::json::array({{{"type", "lstm"}, {"hidden_size", 256}}, {{"type", "dense"}}})}}},
                       {"train",
-                       {{"steps", 1800},
+                       {{"steps", 2400},
                         {"batch_size", 32},
                         {"seq_len", 64},
                         {"log_every", 20},
-                        {"eval_every", 600},
-                        {"checkpoint_every", 600}}}};
+                        {"eval_every", 800},
+                        {"checkpoint_every", 800}}}};
   return j;
 }
 
@@ -133,6 +134,10 @@ int cmd_info(const std::string& model_path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every training step allocates the same large activation buffers; keeping freed memory in
+  // the heap instead of returning it to the kernel saves a page fault per 4 KiB per step.
+  mallopt(M_MMAP_THRESHOLD, 512 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1024 << 20);
   CLI::App app{"lstm: train and run LSTM networks (lstm-engine)"};
   app.require_subcommand(1);
 

@@ -120,9 +120,9 @@ void cell_backward_units(const double* gates, const double* cs, const double* cp
 // Threads of the step loop and each one's share [begin, end) of n items (units or outputs).
 // Each thread owns a block of hidden units for the whole sequence, so its slice of W_hh stays in
 // its core's cache and one barrier per phase replaces a threaded GEMM per step.
-int64_t step_threads(int64_t H, int64_t B) {
+int64_t step_threads(int64_t H, int64_t Hout, int64_t B) {
   int64_t nt = omp_get_max_threads();
-  if (H * B < 2048) nt = 1;  // too little work per step to pay for the barriers
+  if (4 * H * Hout * B < (int64_t{1} << 18)) nt = 1;  // too little work per step to pay for the barriers
   return std::max<int64_t>(1, std::min<int64_t>(nt, H / 16));
 }
 std::pair<int64_t, int64_t> share(int64_t n, int64_t parts, int64_t k) {
@@ -220,7 +220,7 @@ void dir_forward(const Ctx<T>& cx, int64_t layer, int64_t dir, const T* x, int64
       ms = sv->m.data<T>();
     }
   }
-  const int64_t nt = step_threads(H, B);
+  const int64_t nt = step_threads(H, Hout, B);
   // W_hh regrouped by unit block: block k holds the i, f, g, o rows of its units, so that one
   // GEMM gives the block all four gates.
   std::vector<T> wr(static_cast<size_t>(G4 * Hout));
@@ -309,7 +309,7 @@ void dir_backward(const Ctx<T>& cx, int64_t layer, int64_t dir, const DirSaved& 
   }
   std::vector<T> htot(static_cast<size_t>(B * Hout)), dmb(static_cast<size_t>(P > 0 ? B * H : 0)),
       dhp(static_cast<size_t>(B * Hout));
-  const int64_t nt = step_threads(H, B);
+  const int64_t nt = step_threads(H, Hout, B);
   const int64_t* len = cx.len.data();
   auto body = [&](int64_t k) {
     auto [u0, u1] = share(H, nt, k);
