@@ -58,6 +58,24 @@ inline float tanh_f32(float x) { return 2.0f / (1.0f + exp_f32(-2.0f * x)) - 1.0
 // One row's block of n units. g points at the row's gates (i at g, f at g + H, ...; pre-activation
 // in, activated out); r holds the recurrent part for the block (i at r, f at r + n, ...), added
 // first. c (n values) is updated; m = o * tanh(c).
+template <class T, class Sig, class Tanh>
+inline void cell_forward_units_impl(T* __restrict g, const T* __restrict r, T* __restrict c, T* __restrict m, int64_t n,
+                                    int64_t H, Sig sig, Tanh tanh_fn) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    T ig = sig(g[j] + r[j]), fg = sig(g[H + j] + r[n + j]);
+    T gg = tanh_fn(g[2 * H + j] + r[2 * n + j]), og = sig(g[3 * H + j] + r[3 * n + j]);
+    g[j] = ig;
+    g[H + j] = fg;
+    g[2 * H + j] = gg;
+    g[3 * H + j] = og;
+    T cn = fg * c[j] + ig * gg;
+    c[j] = cn;
+    m[j] = og * tanh_fn(cn);
+  }
+}
+// Written out rather than through the template: GCC does not vectorise the template's loop
+// when the f32 functions come in as arguments.
 LSTM_CPU_CLONES void cell_forward_units(float* __restrict g, const float* __restrict r, float* __restrict c,
                                         float* __restrict m, int64_t n, int64_t H) {
 #pragma omp simd
@@ -74,18 +92,8 @@ LSTM_CPU_CLONES void cell_forward_units(float* __restrict g, const float* __rest
   }
 }
 void cell_forward_units(double* g, const double* r, double* c, double* m, int64_t n, int64_t H) {
-  auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
-  for (int64_t j = 0; j < n; ++j) {
-    double ig = sig(g[j] + r[j]), fg = sig(g[H + j] + r[n + j]);
-    double gg = std::tanh(g[2 * H + j] + r[2 * n + j]), og = sig(g[3 * H + j] + r[3 * n + j]);
-    g[j] = ig;
-    g[H + j] = fg;
-    g[2 * H + j] = gg;
-    g[3 * H + j] = og;
-    double cn = fg * c[j] + ig * gg;
-    c[j] = cn;
-    m[j] = og * std::tanh(cn);
-  }
+  cell_forward_units_impl(g, r, c, m, n, H, [](double x) { return 1.0 / (1.0 + std::exp(-x)); },
+                          [](double x) { return std::tanh(x); });
 }
 
 // Backward of one row's block of n units (gate sections H apart in gates and d): cs = c_t,
@@ -110,7 +118,7 @@ inline void cell_backward_units_impl(const T* __restrict gates, const T* __restr
 }
 LSTM_CPU_CLONES void cell_backward_units(const float* gates, const float* cs, const float* cp, const float* dm,
                                          float* dc, float* d, int64_t n, int64_t H) {
-  cell_backward_units_impl(gates, cs, cp, dm, dc, d, n, H, tanh_f32);
+  cell_backward_units_impl(gates, cs, cp, dm, dc, d, n, H, [](float x) { return tanh_f32(x); });
 }
 void cell_backward_units(const double* gates, const double* cs, const double* cp, const double* dm, double* dc,
                          double* d, int64_t n, int64_t H) {
