@@ -202,6 +202,12 @@ TEST(Cli, KilledTrainingResumesToTheSameParameters) {
 
   // eval, generate and info work on the run folder; a checkpoint from another architecture is refused.
   CliRun ev = run_cli("eval --model " + run.string());
+  CliRun ev0 = run_cli("eval --batch-size 0 --model " + run.string());
+  EXPECT_EQ(ev0.code, 1);
+  EXPECT_THAT(ev0.out, HasSubstr("batch size and sequence length >= 1"));
+  CliRun evl = run_cli("eval --seq-len 100000 --model " + run.string());
+  EXPECT_EQ(evl.code, 1);
+  EXPECT_THAT(evl.out, HasSubstr("nothing to evaluate"));
   EXPECT_EQ(ev.code, 0) << ev.out;
   EXPECT_THAT(ev.out, HasSubstr("accuracy"));
   CliRun gen = run_cli("generate --model " + run.string() + " --prime 'to be' --length 20");
@@ -224,6 +230,12 @@ TEST(Cli, ResumeWithoutCheckpointAndBadConfigAreClear) {
   write_text(d / "tok.csv", "label,sequence\n0,a b\n1,b a\n");
   write_text(d / "cfg.json", "{\"task\": \"charlm\", \"data\": {\"path\": \"/nonexistent/file.txt\"}}");
   CliRun m = run_cli("train --config " + (d / "cfg.json").string() + " --out " + (d / "o").string());
+  CliRun rc = run_cli("train --resume --config " + (d / "cfg.json").string() + " --out " + (d / "o").string());
+  EXPECT_EQ(rc.code, 1);
+  EXPECT_THAT(rc.out, HasSubstr("do not give --config or --data"));
+  write_text(d / "typed.json", "{\"train\": 5}");
+  CliRun ty = run_cli("train --config " + (d / "typed.json").string() + " --out " + (d / "o").string());
+  EXPECT_THAT(ty.out, HasSubstr("'train' must be an object"));
   EXPECT_EQ(m.code, 1);
   EXPECT_THAT(m.out, HasSubstr("/nonexistent/file.txt"));
   fs::remove_all(d);

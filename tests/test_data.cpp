@@ -226,6 +226,12 @@ TEST(CharCorpus, ValidBatchesAreConsecutiveWindows) {
   EXPECT_EQ(ints(c.valid_batch(2, 4, 2).inputs), ints(b0.inputs));  // wraps
   EXPECT_EQ(ints(c.valid_batch(2, 4, 0).targets), ints(b0.targets));  // deterministic
 
+  // Windows that do not fill the last batch still get evaluated, in a smaller batch.
+  EXPECT_EQ(c.valid_batches(3, 4), 2);
+  EXPECT_EQ(c.valid_batch(3, 4, 0).inputs.shape(), (Shape{4, 3}));
+  const Batch rest = c.valid_batch(3, 4, 1);
+  EXPECT_EQ(ints(rest.inputs), (std::vector<int64_t>{2, 3, 4, 5}));
+
   // Fewer windows than the batch asks for: one smaller batch.
   EXPECT_EQ(c.valid_batches(8, 4), 1);
   const Batch small = c.valid_batch(8, 4, 0);

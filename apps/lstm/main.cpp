@@ -29,7 +29,7 @@ nlohmann::json default_job() {
                        {{"embedding_dim", 32},
                         {"layers", nlohmann::json::array({{{"type", "lstm"}, {"hidden_size", 256}}, {{"type", "dense"}}})}}},
                       {"train",
-                       {{"steps", 2400},
+                       {{"steps", 3200},
                         {"batch_size", 32},
                         {"seq_len", 64},
                         {"log_every", 20},
@@ -87,6 +87,9 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
     LSTM_REQUIRE(l->second.dim() == 1 && (l->second.dtype() == DType::I64 || l->second.dtype() == DType::I32),
                  input_path << ": 'lengths' must be int64 [B], got " << dtype_name(l->second.dtype()) << " "
                             << l->second.shape_str());
+    const int64_t B = input.dim() == 3 ? input.size(1) : -1;
+    LSTM_REQUIRE(l->second.numel() == B,
+                 input_path << ": 'lengths' must have one entry per sequence (" << B << "), got " << l->second.numel());
     for (int64_t i = 0; i < l->second.numel(); ++i) in.lengths.push_back(static_cast<int64_t>(l->second.get(i)));
   }
   if (auto h = x.tensors.find("h0"); h != x.tensors.end()) in.h0 = prep(h->second);
@@ -201,9 +204,12 @@ int main(int argc, char** argv) {
           LSTM_THROW("--config " << config_path << ": not valid JSON: " << e.what());
         }
       }
+      LSTM_REQUIRE(!resume || (config_path.empty() && data_path.empty()),
+                   "--resume continues with the configuration saved in the checkpoint; do not give --config or --data "
+                   "with it");
       if (!data_path.empty()) cfg["data"]["path"] = data_path;
-      if (threads > 0) set_num_threads(threads);
       TrainOptions o;
+      o.threads = threads;
       o.config = cfg;
       o.out_dir = out_dir;
       o.resume = resume;
@@ -224,7 +230,8 @@ int main(int argc, char** argv) {
     }
     if (*gen) {
       require_cpu(device);
-      std::cout << prime << generate_text(model_arg, prime, gen_len, temperature, seed) << "\n";
+      std::string text = generate_text(model_arg, prime, gen_len, temperature, seed);
+      std::cout << prime << text << "\n";
       return 0;
     }
     if (*info) return cmd_info(model_arg);

@@ -53,7 +53,9 @@ class CharCorpus {
   int64_t valid_size() const { return static_cast<int64_t>(valid_.size()); }
   // Random windows from the training split; throws if the split is shorter than steps + 1.
   Batch train_batch(int64_t batch, int64_t steps, Rng& rng) const;
-  // Deterministic consecutive windows of the validation split (index-th batch, wrapping).
+  // Deterministic consecutive windows of the validation split (index-th batch, wrapping); the
+  // last batch holds the windows left over and may be smaller. valid_batches() batches cover
+  // every window once (0 when not even one window of steps + 1 characters fits).
   Batch valid_batch(int64_t batch, int64_t steps, int64_t index) const;
   int64_t valid_batches(int64_t batch, int64_t steps) const;
 

@@ -43,6 +43,7 @@ struct TrainOptions {
   bool resume = false;        // continue from out_dir/checkpoints/latest
   int64_t steps = -1;         // overrides train.steps when >= 0
   std::ostream* log = nullptr;  // progress and messages (nullptr: std::cerr)
+  int threads = 0;            // overrides train.threads when > 0
 };
 
 struct TrainResult {

@@ -129,7 +129,10 @@ void cell_backward_units(const double* gates, const double* cs, const double* cp
 // Each thread owns a block of hidden units for the whole sequence, so its slice of W_hh stays in
 // its core's cache and one barrier per phase replaces a threaded GEMM per step.
 int64_t step_threads(int64_t H, int64_t Hout, int64_t B) {
-  int64_t nt = omp_get_max_threads();
+  // Inside a caller's parallel region, or where the runtime may hand out fewer threads than
+  // asked, the blocks would not all be computed: run on one thread there.
+  if (omp_in_parallel() || omp_get_dynamic()) return 1;
+  int64_t nt = std::min<int64_t>(omp_get_max_threads(), omp_get_thread_limit());
   if (4 * H * Hout * B < (int64_t{1} << 18)) nt = 1;  // too little work per step to pay for the barriers
   return std::max<int64_t>(1, std::min<int64_t>(nt, H / 16));
 }
@@ -138,14 +141,30 @@ std::pair<int64_t, int64_t> share(int64_t n, int64_t parts, int64_t k) {
 }
 // Runs body(k) on nt threads. One thread runs it directly: a team of one would still make
 // OpenBLAS start nested threads for every product.
+inline void team_barrier(bool team) {
+  if (team) {
+#pragma omp barrier
+  }
+}
+
+// body(k, team) synchronises with team_barrier(team), a barrier only when team is true: called on one
+// thread inside a caller's parallel region, a barrier would bind to the caller's team.
 template <class F>
 void run_step_team(int64_t nt, F& body) {
   if (nt == 1) {
-    body(0);  // the barriers inside bind to no team and do nothing
+    body(0, false);
     return;
   }
+  bool short_team = false;
 #pragma omp parallel num_threads(static_cast<int>(nt))
-  body(omp_get_thread_num());
+  {
+    // Every block must have its thread; a smaller team would leave blocks unwritten.
+    if (omp_get_num_threads() == nt)
+      body(omp_get_thread_num(), true);
+    else if (omp_get_thread_num() == 0)
+      short_team = true;
+  }
+  LSTM_CHECK(!short_team, "the OpenMP runtime started fewer than the " << nt << " threads asked for");
 }
 
 // [A, B, C] -> [B, A, C]
@@ -243,7 +262,7 @@ void dir_forward(const Ctx<T>& cx, int64_t layer, int64_t dir, const T* x, int64
       hp(static_cast<size_t>(P > 0 ? B * P : 0)), rec(static_cast<size_t>(B * G4));
   std::memcpy(hbuf.data(), h, sizeof(T) * static_cast<size_t>(B * Hout));
   const int64_t* len = cx.len.data();
-  auto body = [&](int64_t k) {
+  auto body = [&](int64_t k, bool team) {
     auto [u0, u1] = share(H, nt, k);
     auto [o0, o1] = share(Hout, nt, k);
     const int64_t nu = u1 - u0, no = o1 - o0;
@@ -266,7 +285,7 @@ void dir_forward(const Ctx<T>& cx, int64_t layer, int64_t dir, const T* x, int64
         if (ms)
           for (int64_t b = 0; b < B; ++b)
             if (t < len[b]) std::memcpy(ms + (t * B + b) * H + u0, m.data() + b * H + u0, sizeof(T) * static_cast<size_t>(nu));
-#pragma omp barrier
+        team_barrier(team);
         if (no > 0) gemm(false, true, B, no, H, T(1), m.data(), H, whr + o0 * H, H, T(0), hp.data() + o0, P);
         hnew = hp.data();
       }
@@ -283,7 +302,7 @@ void dir_forward(const Ctx<T>& cx, int64_t layer, int64_t dir, const T* x, int64
         if (cs) std::memcpy(cs + (t * B + b) * H + u0, c + b * H + u0, sizeof(T) * static_cast<size_t>(nu));
       }
       cur = 1 - cur;
-#pragma omp barrier
+      team_barrier(team);
     }
   };
   run_step_team(nt, body);
@@ -319,7 +338,7 @@ void dir_backward(const Ctx<T>& cx, int64_t layer, int64_t dir, const DirSaved& 
       dhp(static_cast<size_t>(B * Hout));
   const int64_t nt = step_threads(H, Hout, B);
   const int64_t* len = cx.len.data();
-  auto body = [&](int64_t k) {
+  auto body = [&](int64_t k, bool team) {
     auto [u0, u1] = share(H, nt, k);
     auto [o0, o1] = share(Hout, nt, k);
     const int64_t nu = u1 - u0, no = o1 - o0;
@@ -333,7 +352,7 @@ void dir_backward(const Ctx<T>& cx, int64_t layer, int64_t dir, const DirSaved& 
       }
       const T* dm = htot.data();  // without projection, units and outputs share one partition
       if (P > 0) {
-#pragma omp barrier
+        team_barrier(team);
         if (nu > 0) gemm(false, false, B, nu, P, T(1), htot.data(), P, whr + u0, H, T(0), dmb.data() + u0, H);
         dm = dmb.data();
       }
@@ -348,11 +367,11 @@ void dir_backward(const Ctx<T>& cx, int64_t layer, int64_t dir, const DirSaved& 
         cell_backward_units(gates + row * G4 + u0, cs + row * H + u0, cps + row * H + u0, dm + b * H + u0,
                             dc + b * H + u0, d, nu, H);
       }
-#pragma omp barrier
+      team_barrier(team);
       if (no > 0) gemm(false, false, B, no, G4, T(1), dgt, G4, whh + o0, Hout, T(0), dhp.data() + o0, Hout);
       for (int64_t b = 0; b < B; ++b)
         if (t < len[b]) std::memcpy(dh + b * Hout + o0, dhp.data() + b * Hout + o0, sizeof(T) * static_cast<size_t>(no));
-#pragma omp barrier
+      team_barrier(team);
     }
   };
   run_step_team(nt, body);

@@ -181,8 +181,7 @@ int64_t CharCorpus::valid_batches(int64_t batch, int64_t steps) const {
   // Windows share their boundary character (the last target of one is the first input of the
   // next), so every validation character after the first is predicted exactly once.
   const int64_t windows = (valid_size() - 1) / steps;
-  if (windows == 0) return 0;
-  return std::max<int64_t>(1, windows / batch);
+  return (windows + batch - 1) / batch;  // the last batch may be smaller
 }
 
 Batch CharCorpus::valid_batch(int64_t batch, int64_t steps, int64_t index) const {
@@ -191,8 +190,9 @@ Batch CharCorpus::valid_batch(int64_t batch, int64_t steps, int64_t index) const
                               << valid_size() << " characters, a window of steps " << steps << " needs at least "
                               << steps + 1);
   const int64_t windows = (valid_size() - 1) / steps;
-  const int64_t b_eff = std::min(batch, windows);
   const int64_t k = ((index % count) + count) % count;
+  const int64_t first = k * batch;
+  const int64_t b_eff = std::min(batch, windows - first);
   Batch out;
   out.inputs = Tensor::empty({steps, b_eff}, DType::I64);
   out.targets = Tensor::empty({steps, b_eff}, DType::I64);
@@ -200,7 +200,7 @@ Batch CharCorpus::valid_batch(int64_t batch, int64_t steps, int64_t index) const
   int64_t* x = out.inputs.data<int64_t>();
   int64_t* y = out.targets.data<int64_t>();
   for (int64_t b = 0; b < b_eff; ++b) {
-    const int64_t off = (k * b_eff + b) * steps;
+    const int64_t off = (first + b) * steps;
     for (int64_t t = 0; t < steps; ++t) {
       x[t * b_eff + b] = valid_[static_cast<size_t>(off + t)];
       y[t * b_eff + b] = valid_[static_cast<size_t>(off + t + 1)];

@@ -322,8 +322,27 @@ std::string fmt_rate(double r) {
 
 nlohmann::json resolve_train_config(const nlohmann::json& user) {
   LSTM_REQUIRE(user.is_object(), "config must be a JSON object, got " << user.dump().substr(0, 100));
+  for (const char* section : {"data", "model", "train"})
+    LSTM_REQUIRE(!user.contains(section) || user[section].is_object(),
+                 "config: '" << section << "' must be an object, got " << user[section].dump().substr(0, 100));
   nlohmann::json cfg = default_train_config();
   merge(cfg, user, "");
+  auto expect = [&](const nlohmann::json& v, bool ok, const char* name, const char* what) {
+    LSTM_REQUIRE(ok, "config: '" << name << "' must be " << what << ", got " << v.dump().substr(0, 100));
+  };
+  expect(cfg["task"], cfg["task"].is_string(), "task", "\"charlm\" or \"classify\"");
+  for (const char* k : {"path", "label_column", "sequence_column"}) {
+    std::string name = std::string("data.") + k;
+    expect(cfg["data"][k], cfg["data"][k].is_string(), name.c_str(), "a string");
+  }
+  expect(cfg["data"]["valid_fraction"], cfg["data"]["valid_fraction"].is_number(), "data.valid_fraction", "a number");
+  expect(cfg["data"]["max_bytes"], cfg["data"]["max_bytes"].is_number_integer(), "data.max_bytes", "an integer");
+  expect(cfg["model"]["embedding_dim"],
+         cfg["model"]["embedding_dim"].is_number_integer() && cfg["model"]["embedding_dim"].get<int64_t>() > 0,
+         "model.embedding_dim", "a positive integer");
+  expect(cfg["model"]["layers"], cfg["model"]["layers"].is_array() && !cfg["model"]["layers"].empty(), "model.layers",
+         "a non-empty list of layers");
+  expect(cfg["train"]["seed"], cfg["train"]["seed"].is_number_unsigned(), "train.seed", "a non-negative integer");
   auto& t = cfg["train"];
   for (const char* k : {"steps", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                         "keep_checkpoints", "sample_length", "threads"})
@@ -368,6 +387,7 @@ TrainResult train(const TrainOptions& opts) {
     if (opts.steps >= 0) user["train"]["steps"] = opts.steps;
     cfg = resolve_train_config(user);
   }
+  if (opts.threads > 0) cfg["train"]["threads"] = opts.threads;
   const auto& tc = cfg["train"];
   if (tc["threads"].get<int>() > 0) set_num_threads(tc["threads"].get<int>());
   const int64_t steps = tc["steps"], B = tc["batch_size"], T = tc["seq_len"];
@@ -474,9 +494,13 @@ TrainResult train(const TrainOptions& opts) {
       EvalResult er = run_eval(model, data, B, T, tc["eval_batches"]);
       res.valid_loss = er.loss;
       res.valid_accuracy = er.accuracy;
-      log << (tty ? "\n" : "") << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << er.loss
-          << ", accuracy " << std::setprecision(2) << 100 * er.accuracy << "% over " << er.count << " targets"
-          << std::defaultfloat << "\n";
+      if (er.count == 0)
+        log << (tty ? "\n" : "") << "eval at step " << step << ": skipped, the held-out split has no complete window of "
+            << T << " steps\n";
+      else
+        log << (tty ? "\n" : "") << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << er.loss
+            << ", accuracy " << std::setprecision(2) << 100 * er.accuracy << "% over " << er.count << " targets"
+            << std::defaultfloat << "\n";
     }
     if ((ckpt_every > 0 && step % ckpt_every == 0) || last) {
       last_good = save_checkpoint(out_dir, step, model, meta, *opt, data_rng, model_rng, cfg, tc["keep_checkpoints"]);
@@ -521,7 +545,13 @@ EvalResult evaluate_model(const std::string& model_path, const std::string& data
                                                          << " differ from the model's: evaluate on data with the same "
                                                          << std::string(key).substr(12));
   }
-  return run_eval(model, d, batch_size, seq_len, 0);
+  LSTM_REQUIRE(batch_size >= 1 && seq_len >= 1,
+               "evaluation needs batch size and sequence length >= 1, got " << batch_size << " and " << seq_len);
+  EvalResult r = run_eval(model, d, batch_size, seq_len, 0);
+  LSTM_REQUIRE(r.count > 0, "nothing to evaluate: the held-out split of " << d.meta.at("lstm_engine.data")
+                                                                         << " has no complete window of " << seq_len
+                                                                         << " steps (try a smaller --seq-len)");
+  return r;
 }
 
 std::string generate_text(const std::string& model_path, const std::string& prime, int64_t length, double temperature,
