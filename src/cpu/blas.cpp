@@ -85,38 +85,36 @@ const Blas& blas() {
 
 }  // namespace
 
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float beta, float* c, int64_t ldc) {
+namespace {
+// Row-major C = alpha op(A) op(B) + beta C through the cblas functions of one precision.
+template <class T, class Gemm, class Gemv>
+void gemm_impl(Gemm gemm_fn, Gemv gemv_fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  const int inc_a = ta ? static_cast<int>(lda) : 1;
   if (m == 1) {  // one row (batch 1): OpenBLAS's gemv is several times faster than its gemm here
     if (tb)
-      blas().sgemv(kRowMajor, kNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b, static_cast<int>(ldb), a,
-                   ta ? static_cast<int>(lda) : 1, beta, c, 1);
+      gemv_fn(kRowMajor, kNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b, static_cast<int>(ldb), a, inc_a,
+              beta, c, 1);
     else
-      blas().sgemv(kRowMajor, kTrans, static_cast<int>(k), static_cast<int>(n), alpha, b, static_cast<int>(ldb), a,
-                   ta ? static_cast<int>(lda) : 1, beta, c, 1);
+      gemv_fn(kRowMajor, kTrans, static_cast<int>(k), static_cast<int>(n), alpha, b, static_cast<int>(ldb), a, inc_a,
+              beta, c, 1);
     return;
   }
-  blas().sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
-               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-               static_cast<int>(ldc));
+  gemm_fn(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
+          static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
+          static_cast<int>(ldc));
+}
+}  // namespace
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_impl(blas().sgemm, blas().sgemv, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
           const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (m == 1) {
-    if (tb)
-      blas().dgemv(kRowMajor, kNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b, static_cast<int>(ldb), a,
-                   ta ? static_cast<int>(lda) : 1, beta, c, 1);
-    else
-      blas().dgemv(kRowMajor, kTrans, static_cast<int>(k), static_cast<int>(n), alpha, b, static_cast<int>(ldb), a,
-                   ta ? static_cast<int>(lda) : 1, beta, c, 1);
-    return;
-  }
-  blas().dgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m), static_cast<int>(n),
-               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-               static_cast<int>(ldc));
+  gemm_impl(blas().dgemm, blas().dgemv, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void blas_set_num_threads(int n) {

@@ -486,7 +486,9 @@ LstmGrads backward_impl(const LstmSpec& s, const std::vector<Tensor>& w, const S
   if (g.d_output.defined()) {
     LSTM_REQUIRE(g.d_output.shape() == yshape, "LSTM backward: d_output must be " << shape_str(yshape) << ", got "
                                                                                   << g.d_output.shape_str());
-    dy = s.batch_first ? swap01(g.d_output.to(dtype_of<T>())) : g.d_output.to(dtype_of<T>());
+    // Only read below, so a d_output of the right dtype is used as it is.
+    Tensor src = g.d_output.dtype() == dtype_of<T>() ? g.d_output : g.d_output.to(dtype_of<T>());
+    dy = s.batch_first ? swap01(src) : src;
   } else {
     dy = Tensor::zeros({Tn, B, D * Hout}, dtype_of<T>());
   }

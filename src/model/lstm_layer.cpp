@@ -1,5 +1,6 @@
 // The LSTM as a Layer: owns nn.LSTM's parameters, delegates the computation to an LstmBackend.
 #include <cmath>
+#include <cstring>
 
 #include "lstm/layers.hpp"
 
@@ -67,10 +68,8 @@ class LstmLayer final : public Layer {
       LSTM_REQUIRE(grad_out.data.shape() == (Shape{B_, D * Hout}),
                    "lstm layer: gradient must be " << shape_str({B_, D * Hout}) << ", got " << grad_out.data.shape_str());
       g.d_h_n = Tensor::zeros({L * D, B_, Hout}, grad_out.data.dtype());
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t b = 0; b < B_; ++b)
-          for (int64_t k = 0; k < Hout; ++k)
-            g.d_h_n.set(((L - 1) * D + d) * B_ * Hout + b * Hout + k, grad_out.data.get(b * D * Hout + d * Hout + k));
+      Tensor src = grad_out.data;
+      copy_last_layer(g.d_h_n, src, /*to_vector=*/false);
     }
     LstmGrads r = backend_->backward(spec_, weights_, *saved_, g, grads_);
     saved_.reset();
@@ -103,15 +102,27 @@ class LstmLayer final : public Layer {
 
  private:
   // [L*D, B, Hout] -> [B, D*Hout] for the last layer, forward direction first.
-  Tensor last_layer_h(const Tensor& h_n) const {
-    const int64_t D = spec_.directions(), Hout = spec_.out_size(), L = spec_.num_layers;
-    const int64_t B = h_n.size(1);
-    Tensor v = Tensor::empty({B, D * Hout}, h_n.dtype());
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t k = 0; k < Hout; ++k)
-          v.set(b * D * Hout + d * Hout + k, h_n.get(((L - 1) * D + d) * B * Hout + b * Hout + k));
+  Tensor last_layer_h(Tensor h_n) const {
+    Tensor v = Tensor::empty({h_n.size(1), spec_.directions() * spec_.out_size()}, h_n.dtype());
+    copy_last_layer(h_n, v, /*to_vector=*/true);
     return v;
+  }
+  // Moves the last layer's rows between states [L*D, B, Hout] and a vector [B, D*Hout], one
+  // row of Hout values at a time (same dtype on both sides).
+  void copy_last_layer(Tensor& states, Tensor& vec, bool to_vector) const {
+    const int64_t D = spec_.directions(), Hout = spec_.out_size(), L = spec_.num_layers, B = states.size(1);
+    const size_t es = dtype_size(states.dtype()), row = static_cast<size_t>(Hout) * es;
+    auto* st = static_cast<uint8_t*>(states.raw());
+    auto* vc = static_cast<uint8_t*>(vec.raw());
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t b = 0; b < B; ++b) {
+        uint8_t* sp = st + static_cast<size_t>(((L - 1) * D + d) * B + b) * row;
+        uint8_t* vp = vc + static_cast<size_t>(b * D + d) * row;
+        if (to_vector)
+          std::memcpy(vp, sp, row);
+        else
+          std::memcpy(sp, vp, row);
+      }
   }
 
   LstmSpec spec_;
