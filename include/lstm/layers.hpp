@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
 #include "lstm/tensor.hpp"
@@ -44,6 +45,16 @@ struct Param {
   Tensor grad;
 };
 
+// Where and how a model runs. Parameters and gradients live on `device` (F32 on the GPU);
+// `precision` is the compute precision on the GPU (lstm/device.hpp); on the CPU it must match
+// the parameter dtype (F32 or F64). lstm.algo Auto keeps a layer's own algo when it runs on
+// the device, else picks the device's default (reference on the CPU, cuDNN on the GPU).
+struct Placement {
+  Device device = Device::CPU;
+  Precision precision = Precision::F32;
+  LstmOptions lstm;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -60,6 +71,10 @@ class Layer {
   // Returns the gradient with respect to the input (data undefined for token input).
   virtual Act backward(const Act& grad_out) = 0;
   virtual std::vector<Param> params() { return {}; }
+  // Moves parameters and gradients to p.device (copying values) and sets how the layer
+  // computes there. Inputs to forward/backward must then be on that device (token ids may be
+  // on the CPU: they are copied). Call after build().
+  virtual void place(const Placement& p) = 0;
   // Streaming inference (e.g. text generation one step at a time): when on, a recurrent layer
   // starts each forward from the state the previous forward ended in; set_stateful(false) or
   // a change of batch size resets it. Stateless layers ignore it.

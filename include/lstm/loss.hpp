@@ -12,10 +12,18 @@ struct LossResult {
   double loss = 0;       // mean over counted targets
   int64_t count = 0;     // targets counted (not ignored, not past a length)
   int64_t correct = 0;   // counted targets where argmax(logits) == target
-  Tensor grad;           // d loss / d logits, same shape and dtype as logits; zero where not counted
+  Tensor grad;           // d loss / d logits, same shape, dtype and device as logits; zero where not counted
+  // For CUDA logits loss/count/correct stay on the device until resolve(): `pending` is true
+  // and `stats` (F64 [3] on the GPU) holds {mean loss, count, correct}.
+  bool pending = false;
+  Tensor stats;
+  // Copies stats to the host (waits for the engine stream) and fills loss/count/correct.
+  void resolve();
 };
 
-// logits: [N, C] (F32 or F64); targets: I64 [N]. A target equal to ignore_index is not counted;
+// logits: [N, C] (F32 or F64 on the CPU, F32 on the GPU); targets: I64 [N] on the CPU or on
+// the logits' device; mask (host) as below. On the GPU this is one fused kernel pass (softmax,
+// loss, gradient and argmax per row) and nothing is synchronised. A target equal to ignore_index is not counted;
 // any other target outside [0, C) throws naming the target and C. When `mask` is non-empty
 // (size N), rows with mask 0 are not counted. Returns the mean loss and its gradient.
 LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,

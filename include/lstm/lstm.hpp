@@ -102,8 +102,32 @@ class LstmBackend {
 };
 
 // The backend for `algo` (Auto: the fastest one that supports the case). Throws with the
-// reason when the chosen algo does not support spec/dtype/device.
+// reason when the chosen algo does not support spec/dtype/device. Returns a process-wide
+// instance: only for stateless backends (the CPU reference); GPU backends keep descriptors and
+// workspaces per instance, so use make_lstm_backend for them.
 LstmBackend& lstm_backend(Algo algo, const LstmSpec& spec, DType dtype, Device device);
+
+// How an LSTM runs on a device.
+struct LstmOptions {
+  // Auto: reference on the CPU; on the GPU the fastest built-in backend that supports the case.
+  Algo algo = Algo::Auto;
+  // For Algo::Cudnn: cuDNN's own algorithm, "standard", "persist_static", "persist_dynamic",
+  // "persist_static_small_h", or "auto" (each algorithm that accepts the shape is timed once per
+  // shape and mode on first use, like torch.backends.cudnn.benchmark, and the fastest is kept).
+  std::string cudnn_algo = "standard";
+  // F32 data may use TF32 tensor cores (torch.backends.cudnn.allow_tf32). bf16/f16 data always
+  // uses tensor cores with fp32 accumulation.
+  bool allow_tf32 = false;
+};
+
+// A new backend instance (owning its descriptors, plans and workspaces) for spec/dtype/device.
+// Throws with the reason when the chosen algorithm does not support the case, e.g. a cuDNN
+// persistent algorithm that rejects the hidden size names the limit.
+std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
+                                               Device device);
+// cuDNN's algorithm names, in cuDNN's order: standard, persist_static, persist_dynamic,
+// persist_static_small_h.
+std::vector<std::string> cudnn_algo_names();
 // Algorithms built into this binary, e.g. {Reference} on a CPU-only build.
 std::vector<Algo> available_algos();
 

@@ -46,6 +46,11 @@ class Model {
   // Back through every layer; gradients are added into each Param::grad.
   Act backward(const Act& grad_out);
 
+  // Moves every layer's parameters to p.device and sets how they compute (lstm/layers.hpp).
+  // Optimizer state created before a move is not moved: place first, then train.
+  void place(const Placement& p);
+  const Placement& placement() const { return placement_; }
+
   // Streaming inference: each forward continues from the recurrent state of the previous one.
   void set_stateful(bool on) {
     for (auto& l : layers_) l->set_stateful(on);
@@ -75,6 +80,7 @@ class Model {
   Signal input_, output_;
   DType dtype_ = DType::F32;
   bool built_ = false;
+  Placement placement_;
 };
 
 // A model file is a safetensors file of the state_dict whose metadata "lstm_engine.model" holds

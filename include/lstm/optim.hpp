@@ -20,7 +20,12 @@ class Optimizer {
   virtual std::string kind() const = 0;
   // One update of every param (value -= ... using grad) at learning rate lr. Params are keyed by
   // name; state (momentum buffers, moments) is kept per name and created on first use.
+  // Params on the GPU are updated by fused multi-tensor kernels (one launch for all tensors).
   virtual void step(const std::vector<Param>& params, double lr) = 0;
+  // The same update, skipped when `norm` (a scalar F32/F64 tensor on the parameters' device,
+  // e.g. from grad_norm_tensor) is NaN or Inf; step counters then do not advance. On the GPU
+  // the kernels read `norm` themselves: no host round trip.
+  virtual void step_guarded(const std::vector<Param>& params, double lr, const Tensor& norm) = 0;
   // Optimizer state as named tensors, e.g. "exp_avg.lstm.weight_ih_l0", plus "step" counters;
   // load_state restores it exactly (throws naming a missing or mis-shaped tensor).
   virtual std::map<std::string, Tensor> state() const = 0;
@@ -44,6 +49,11 @@ std::unique_ptr<Optimizer> optimizer_from_json(const nlohmann::json& j);
 double clip_grad_norm(const std::vector<Param>& params, double max_norm);
 // Global L2 norm of the gradients.
 double grad_norm(const std::vector<Param>& params);
+// The global L2 norm as a scalar F32 [1] tensor on the gradients' device (GPU: a multi-tensor
+// reduction, nothing synchronised). NaN/Inf when any gradient is.
+Tensor grad_norm_tensor(const std::vector<Param>& params);
+// clip_grad_norm with the norm given as grad_norm_tensor's result, read where it lives.
+void clip_grad_norm_with(const std::vector<Param>& params, double max_norm, const Tensor& norm);
 
 // Learning rate at an optimizer step (0-based).
 class LrSchedule {

@@ -3,6 +3,11 @@
 // Storage is shared between copies of a Tensor (like torch.Tensor); clone() makes a deep copy.
 // Only contiguous tensors exist: reshape() shares storage, everything else copies.
 // Half types (bf16, f16) are storage formats: arithmetic on the CPU converts them to f32.
+//
+// CUDA tensors (Device::CUDA, builds with LSTM_CUDA) live in the device arena (lstm/device.hpp);
+// every operation on them is issued on the calling thread's engine stream, asynchronously,
+// except those that return host values. data<T>(), get() and set() are CPU-only: move a tensor
+// with to_device(Device::CPU) first. raw() is the storage pointer on either device.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +24,9 @@ enum class DType : uint8_t { F64, F32, BF16, F16, I64, I32, U8 };
 enum class Device : uint8_t { CPU, CUDA };
 
 using Shape = std::vector<int64_t>;
+
+const char* device_name(Device d);  // "cpu", "cuda"
+Device device_from_name(const std::string& name);  // throws naming the accepted names
 
 size_t dtype_size(DType dt);
 // Names as safetensors spells them: "F64", "F32", "BF16", "F16", "I64", "I32", "U8".
@@ -47,10 +55,11 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Uninitialised storage (CPU memory is 64-byte aligned).
+  // Uninitialised storage (CPU memory is 64-byte aligned, CUDA memory 256-byte aligned).
+  // Device::CUDA throws when the build or the machine has no usable GPU.
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
-  static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::CPU);
   // Copies `values` (numel must match the shape) into a new CPU tensor of dtype_of<T>().
   template <class T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values);
@@ -66,15 +75,21 @@ class Tensor {
   Device device() const { return device_; }
   std::string shape_str() const { return lstm::shape_str(shape_); }
 
-  // Typed access; throws if T does not match dtype() or the tensor is not on the CPU.
+  // Typed access to CPU data; throws if T does not match dtype() or the tensor is not on the CPU.
   template <class T> T* data();
   template <class T> const T* data() const;
   void* raw() { return storage_.get() + offset_; }
   const void* raw() const { return storage_.get() + offset_; }
 
+  // A deep copy on the same device.
   Tensor clone() const;
-  // Converts element type (any float/int dtype to any other, rounding for bf16/f16).
+  // Converts element type (any float/int dtype to any other, rounding for bf16/f16), on the
+  // tensor's device.
   Tensor to(DType dtype) const;
+  // The same values on `device`: *this (shared) when already there, otherwise a copy. A copy to
+  // the CPU waits for the engine stream.
+  Tensor to_device(Device device) const;
+  Tensor cpu() const { return to_device(Device::CPU); }
   // A view with a new shape and the same storage; one dimension may be -1.
   Tensor reshape(const Shape& shape) const;
   // Rows [begin, end) of the first dimension, sharing storage.
@@ -82,10 +97,12 @@ class Tensor {
 
   void zero_();
   void fill_(double value);
-  // Copies src into this tensor (shapes must have equal numel), converting dtype.
+  // Copies src into this tensor (shapes must have equal numel), converting dtype, across
+  // devices too (a CUDA -> CPU copy waits for the engine stream).
   void copy_(const Tensor& src);
 
   // Reads element `i` (flat index) as double, whatever the dtype. Slow; for tests and I/O.
+  // CPU tensors only.
   double get(int64_t i) const;
   void set(int64_t i, double v);
 
@@ -100,7 +117,8 @@ class Tensor {
   Device device_ = Device::CPU;
 };
 
-// Max over elements of |a - b|, and ||a - b|| / ||b|| (L2), computed in f64.
+// Max over elements of |a - b|, and ||a - b|| / ||b|| (L2), computed in f64 (CUDA tensors are
+// copied to the CPU first).
 double max_abs_diff(const Tensor& a, const Tensor& b);
 double rel_l2_error(const Tensor& a, const Tensor& ref);
 // True if any element is NaN or +-Inf.

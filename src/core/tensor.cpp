@@ -5,7 +5,21 @@
 #include <cstring>
 #include <new>
 
+#include "lstm/device.hpp"
+#if LSTM_HAVE_CUDA
+#include "core/cuda_rt.hpp"
+#include "core/tensor_cuda.hpp"
+#endif
+
 namespace lstm {
+
+const char* device_name(Device d) { return d == Device::CUDA ? "cuda" : "cpu"; }
+
+Device device_from_name(const std::string& n) {
+  if (n == "cpu") return Device::CPU;
+  if (n == "cuda" || n == "gpu") return Device::CUDA;
+  LSTM_THROW("unknown device '" << n << "': expected cpu or cuda");
+}
 
 size_t dtype_size(DType dt) {
   switch (dt) {
@@ -134,13 +148,19 @@ float f16_to_f32(uint16_t h) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  LSTM_REQUIRE(device == Device::CPU,
-               "Tensor::empty: CUDA tensors are allocated by the CUDA runtime, not here");
   Tensor t;
   t.shape_ = shape;
   t.numel_ = shape_numel(shape);
   t.dtype_ = dtype;
   t.device_ = device;
+  if (device == Device::CUDA) {
+    require_cuda("a CUDA tensor");
+#if LSTM_HAVE_CUDA
+    void* p = cuda::arena_alloc(std::max<size_t>(t.nbytes(), 1));
+    t.storage_ = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(p), [](uint8_t* q) { cuda::arena_free(q); });
+#endif
+    return t;
+  }
   size_t bytes = std::max<size_t>(64, (t.nbytes() + 63) / 64 * 64);
   void* p = std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
@@ -148,14 +168,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  std::memset(t.raw(), 0, t.nbytes());
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero_();
   return t;
 }
 
-Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   t.fill_(value);
   return t;
 }
@@ -170,6 +190,8 @@ int64_t Tensor::size(int64_t i) const {
 template <class T>
 T* Tensor::data() {
   LSTM_REQUIRE(defined(), "data(): tensor is undefined");
+  LSTM_REQUIRE(device_ == Device::CPU, "data(): the tensor " << shape_str()
+                                           << " is on the GPU; copy it with to_device(Device::CPU) first");
   LSTM_REQUIRE(dtype_ == dtype_of<T>(), "data(): tensor has dtype " << dtype_name(dtype_)
                                                                     << ", asked for " << dtype_name(dtype_of<T>()));
   return reinterpret_cast<T*>(storage_.get() + offset_);
@@ -191,12 +213,20 @@ template const uint8_t* Tensor::data<uint8_t>() const;
 
 Tensor Tensor::clone() const {
   if (!defined()) return Tensor();
-  Tensor t = empty(shape_, dtype_);
-  std::memcpy(t.raw(), raw(), nbytes());
+  Tensor t = empty(shape_, dtype_, device_);
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::to_device(Device device) const {
+  if (!defined() || device == device_) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_(*this);
   return t;
 }
 
 double Tensor::get(int64_t i) const {
+  LSTM_REQUIRE(device_ == Device::CPU, "get(): the tensor " << shape_str() << " is on the GPU; copy it to the CPU first");
   const uint8_t* p = static_cast<const uint8_t*>(raw());
   switch (dtype_) {
     case DType::F64: return reinterpret_cast<const double*>(p)[i];
@@ -211,6 +241,7 @@ double Tensor::get(int64_t i) const {
 }
 
 void Tensor::set(int64_t i, double v) {
+  LSTM_REQUIRE(device_ == Device::CPU, "set(): the tensor " << shape_str() << " is on the GPU; copy it to the CPU first");
   uint8_t* p = static_cast<uint8_t*>(raw());
   switch (dtype_) {
     case DType::F64: reinterpret_cast<double*>(p)[i] = v; break;
@@ -227,6 +258,30 @@ void Tensor::copy_(const Tensor& src) {
   LSTM_REQUIRE(src.numel() == numel(), "copy_: source " << src.shape_str() << " has " << src.numel()
                                                          << " elements, destination " << shape_str()
                                                          << " has " << numel());
+  if (device_ == Device::CUDA || src.device() == Device::CUDA) {
+#if LSTM_HAVE_CUDA
+    if (numel_ == 0) return;
+    if (src.dtype() == dtype_) {
+      cudaMemcpyKind kind = device_ == Device::CUDA
+                                ? (src.device() == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                : cudaMemcpyDeviceToHost;
+      LSTM_CUDA_CHECK(cudaMemcpyAsync(raw(), src.raw(), nbytes(), kind, cuda::stream()));
+      if (device_ == Device::CPU) LSTM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+    } else if (device_ == Device::CUDA && src.device() == Device::CUDA) {
+      cuda::convert(raw(), dtype_, src.raw(), src.dtype(), numel_);
+    } else if (device_ == Device::CUDA) {  // host -> device, converting on the device
+      Tensor staged = src.to_device(Device::CUDA);
+      cuda::convert(raw(), dtype_, staged.raw(), staged.dtype(), numel_);
+    } else {  // device -> host: convert on the device, then copy
+      Tensor conv = empty(src.shape(), dtype_, Device::CUDA);
+      cuda::convert(conv.raw(), dtype_, src.raw(), src.dtype(), numel_);
+      copy_(conv);
+    }
+    return;
+#else
+    require_cuda("copying a CUDA tensor");
+#endif
+  }
   if (src.dtype() == dtype_) {
     std::memcpy(raw(), src.raw(), nbytes());
     return;
@@ -248,7 +303,7 @@ void Tensor::copy_(const Tensor& src) {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return clone();
-  Tensor t = empty(shape_, dtype);
+  Tensor t = empty(shape_, dtype, device_);
   t.copy_(*this);
   return t;
 }
@@ -289,9 +344,23 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   return t;
 }
 
-void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
+void Tensor::zero_() {
+  if (device_ == Device::CUDA) {
+#if LSTM_HAVE_CUDA
+    if (nbytes()) LSTM_CUDA_CHECK(cudaMemsetAsync(raw(), 0, nbytes(), cuda::stream()));
+#endif
+    return;
+  }
+  std::memset(raw(), 0, nbytes());
+}
 
 void Tensor::fill_(double value) {
+  if (device_ == Device::CUDA) {
+#if LSTM_HAVE_CUDA
+    cuda::fill(raw(), dtype_, value, numel_);
+#endif
+    return;
+  }
   if (dtype_ == DType::F32) {
     float* d = data<float>();
     for (int64_t i = 0; i < numel_; ++i) d[i] = static_cast<float>(value);
@@ -303,7 +372,8 @@ void Tensor::fill_(double value) {
   }
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
+double max_abs_diff(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = a_in.cpu(), b = b_in.cpu();
   LSTM_REQUIRE(a.numel() == b.numel(), "max_abs_diff: " << a.shape_str() << " vs " << b.shape_str());
   double m = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -314,7 +384,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-double rel_l2_error(const Tensor& a, const Tensor& ref) {
+double rel_l2_error(const Tensor& a_in, const Tensor& ref_in) {
+  const Tensor a = a_in.cpu(), ref = ref_in.cpu();
   LSTM_REQUIRE(a.numel() == ref.numel(), "rel_l2_error: " << a.shape_str() << " vs " << ref.shape_str());
   double num = 0, den = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -327,7 +398,8 @@ double rel_l2_error(const Tensor& a, const Tensor& ref) {
   return std::sqrt(num / den);
 }
 
-bool has_non_finite(const Tensor& t) {
+bool has_non_finite(const Tensor& t_in) {
+  const Tensor t = t_in.cpu();
   for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(t.get(i))) return true;
   return false;

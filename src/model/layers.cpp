@@ -60,7 +60,14 @@ class LayerBase : public Layer {
     return out_;
   }
 
+  // Layers without parameters only record where they run.
+  void place(const Placement& p) override {
+    LSTM_REQUIRE(p.device == Device::CPU, describe() << ": the GPU path of this layer is not built yet");
+    placement_ = p;
+  }
+
  protected:
+  Placement placement_;
   virtual Signal build_impl(const Signal& in) = 0;
 
   void require_kind(const Signal& in, std::initializer_list<SignalKind> kinds) const {

@@ -6,6 +6,15 @@
 
 namespace lstm {
 
+void LossResult::resolve() {
+  if (!pending) return;
+  Tensor h = stats.cpu();
+  loss = h.get(0);
+  count = static_cast<int64_t>(h.get(1));
+  correct = static_cast<int64_t>(h.get(2));
+  pending = false;
+}
+
 namespace {
 
 // Below this many logits a parallel region costs more than the rows it would split.

@@ -76,6 +76,11 @@ class LstmLayer final : public Layer {
     return {r.d_x, grad_out.lengths};
   }
 
+  void place(const Placement& p) override {
+    LSTM_REQUIRE(p.device == Device::CPU, "lstm layer: the GPU path is not built yet");
+    placement_ = p;
+  }
+
   void set_stateful(bool on) override {
     stateful_ = on;
     state_h_ = Tensor();
@@ -125,6 +130,7 @@ class LstmLayer final : public Layer {
       }
   }
 
+  Placement placement_;
   LstmSpec spec_;
   std::string output_;
   Algo algo_;

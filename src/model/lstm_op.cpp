@@ -3,7 +3,11 @@
 #include <regex>
 
 #include "cpu/lstm_reference.hpp"
+#include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
+#if LSTM_HAVE_CUDA
+#include "cudnn/lstm_cudnn.hpp"
+#endif
 
 namespace lstm {
 
@@ -189,6 +193,57 @@ LstmBackend& lstm_backend(Algo algo, const LstmSpec& spec, DType dtype, Device d
   return *chosen;
 }
 
-std::vector<Algo> available_algos() { return {Algo::Reference}; }
+std::vector<Algo> available_algos() {
+#if LSTM_HAVE_CUDA
+  return {Algo::Reference, Algo::Cudnn};
+#else
+  return {Algo::Reference};
+#endif
+}
+
+std::vector<std::string> cudnn_algo_names() {
+  return {"standard", "persist_static", "persist_dynamic", "persist_static_small_h"};
+}
+
+namespace {
+// The process-wide reference backend behind a unique_ptr.
+class ReferenceHandle final : public LstmBackend {
+ public:
+  Algo algo() const override { return Algo::Reference; }
+  std::string unsupported_reason(const LstmSpec& s, DType dt, Device dev) const override {
+    return cpu::reference_lstm_backend().unsupported_reason(s, dt, dev);
+  }
+  LstmOutput forward(const LstmSpec& spec, const std::vector<Tensor>& w, const LstmInput& in, bool training, Rng* rng,
+                     std::unique_ptr<LstmSaved>* saved) override {
+    return cpu::reference_lstm_backend().forward(spec, w, in, training, rng, saved);
+  }
+  LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& w, const LstmSaved& saved,
+                     const LstmGradOutput& g, std::vector<Tensor>& dw) override {
+    return cpu::reference_lstm_backend().backward(spec, w, saved, g, dw);
+  }
+};
+}  // namespace
+
+std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
+                                               Device device) {
+  Algo algo = options.algo;
+  if (algo == Algo::Auto) algo = device == Device::CPU ? Algo::Reference : Algo::Cudnn;
+  std::unique_ptr<LstmBackend> be;
+  if (algo == Algo::Reference) be = std::make_unique<ReferenceHandle>();
+#if LSTM_HAVE_CUDA
+  if (algo == Algo::Cudnn) {
+    require_cuda("LSTM algo 'cudnn'");
+    be = make_cudnn_lstm_backend(options);
+  }
+#endif
+  std::string avail;
+  for (Algo a : available_algos()) avail += std::string(avail.empty() ? "" : ", ") + algo_name(a);
+  LSTM_REQUIRE(be, "LSTM algo '" << algo_name(algo) << "' is not built into this binary (available: " << avail << ")");
+  std::string why = be->unsupported_reason(spec, dtype, device);
+  LSTM_REQUIRE(why.empty(), "LSTM algo '" << algo_name(algo)
+                                          << (algo == Algo::Cudnn ? " (" + options.cudnn_algo + ")" : std::string())
+                                          << "' cannot run this case: " << why);
+  return be;
+}
 
 }  // namespace lstm

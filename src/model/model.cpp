@@ -75,6 +75,29 @@ void Model::init(Rng& rng) {
   for (auto& l : layers_) l->init(rng);
 }
 
+void Model::place(const Placement& p) {
+  LSTM_REQUIRE(built_, "Model::place: build the model first");
+  if (p.device == Device::CUDA) {
+    require_cuda("placing the model on the GPU");
+    LSTM_REQUIRE(dtype_ == DType::F32, "Model::place: on the GPU parameters are F32 (master weights), the model has "
+                                           << dtype_name(dtype_) << "; build it with DType::F32");
+    LSTM_REQUIRE(p.precision != Precision::F64, "Model::place: f64 runs on the CPU only; on the GPU use f32, tf32, "
+                                                "bf16 or f16");
+  } else {
+    const Precision want = dtype_ == DType::F64 ? Precision::F64 : Precision::F32;
+    LSTM_REQUIRE(p.precision == want, "Model::place: on the CPU the precision is the parameter dtype ("
+                                          << precision_name(want) << "), got " << precision_name(p.precision));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    try {
+      layers_[i]->place(p);
+    } catch (const Error& e) {
+      LSTM_THROW("layer " << i << " '" << names_[i] << "' (" << layers_[i]->kind() << "): " << e.what());
+    }
+  }
+  placement_ = p;
+}
+
 Act Model::forward(const Act& in, bool training, Rng& rng) {
   LSTM_REQUIRE(built_, "Model::forward: build the model first");
   Act a = in;

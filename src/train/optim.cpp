@@ -168,6 +168,9 @@ class Sgd final : public Optimizer {
 
   std::string kind() const override { return "sgd"; }
 
+  void step_guarded(const std::vector<Param>& params, double lr, const Tensor& norm) override {
+    if (std::isfinite(norm.cpu().get(0))) step(params, lr);
+  }
   void step(const std::vector<Param>& params, double lr) override {
     require_lr("sgd", lr);
     check_params("sgd", params);
@@ -248,6 +251,9 @@ class Adam final : public Optimizer {
 
   std::string kind() const override { return h_.decoupled ? "adamw" : "adam"; }
 
+  void step_guarded(const std::vector<Param>& params, double lr, const Tensor& norm) override {
+    if (std::isfinite(norm.cpu().get(0))) step(params, lr);
+  }
   void step(const std::vector<Param>& params, double lr) override {
     const char* who = h_.decoupled ? "adamw" : "adam";
     require_lr(who, lr);
@@ -571,6 +577,27 @@ double clip_grad_norm(const std::vector<Param>& params, double max_norm) {
     }
   }
   return total;
+}
+
+Tensor grad_norm_tensor(const std::vector<Param>& params) {
+  return Tensor::full({1}, grad_norm(params), DType::F32);
+}
+
+void clip_grad_norm_with(const std::vector<Param>& params, double max_norm, const Tensor& norm) {
+  LSTM_REQUIRE(std::isfinite(max_norm) && max_norm > 0,
+               "clip_grad_norm: max_norm must be a finite number > 0, got " << num_str(max_norm));
+  const double total = norm.cpu().get(0);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef >= 1.0) return;
+  for (const Param& p : params) {
+    if (!p.grad.defined()) continue;
+    Tensor g = p.grad;
+    if (g.dtype() == DType::F64) {
+      scale(g.data<double>(), g.numel(), coef);
+    } else {
+      scale(g.data<float>(), g.numel(), static_cast<float>(coef));
+    }
+  }
 }
 
 std::unique_ptr<LrSchedule> make_constant_lr(double lr) { return std::make_unique<ConstantLr>(lr); }

@@ -1,0 +1,189 @@
+// The engine stream, the caching device arena and pinned buffers.
+#if LSTM_HAVE_CUDA
+#include "core/cuda_rt.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+namespace lstm::cuda {
+
+void throw_status(const char* file, int line, const char* expr, const std::string& lib, const std::string& status) {
+  std::ostringstream os;
+  os << lib << " error at " << file << ":" << line << ": " << expr << " failed: " << status;
+  throw Error(os.str());
+}
+
+namespace {
+
+thread_local cudaStream_t t_stream = nullptr;
+
+// Streams created per host thread are never destroyed: kernels may still be queued on them
+// when a thread ends, and the driver reclaims them at exit.
+cudaStream_t make_thread_stream() {
+  cudaStream_t s;
+  LSTM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+// Size classes: small requests round up to 512 B, large ones to 2 MiB so that a training
+// loop's slowly varying sizes (e.g. the last partial batch) reuse blocks instead of growing.
+size_t round_size(size_t n) {
+  if (n == 0) n = 1;
+  if (n <= (1u << 20)) return (n + 511) / 512 * 512;
+  const size_t big = size_t(2) << 20;
+  return (n + big - 1) / big * big;
+}
+
+struct Block {
+  size_t size;
+  cudaStream_t stream;
+};
+
+class Arena {
+ public:
+  void* alloc(size_t bytes, cudaStream_t s) {
+    const size_t n = round_size(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.allocations;
+    auto& fl = free_[s];
+    // Best fit, but a large block is not split nor used for a request under half its size.
+    auto it = fl.lower_bound(n);
+    if (it != fl.end() && it->first <= 2 * n + (size_t(1) << 20)) {
+      void* p = it->second;
+      size_t sz = it->first;
+      fl.erase(it);
+      used_[p] = {sz, s};
+      account_in_use(sz);
+      return p;
+    }
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      release_locked();
+      e = cudaMalloc(&p, n);
+    }
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      std::ostringstream os;
+      os << "device memory: cannot allocate " << n << " bytes (" << cudaGetErrorString(e) << "); " << free_b
+         << " of " << total_b << " bytes free, " << stats_.in_use_bytes << " in use by lstm-engine tensors";
+      throw Error(os.str());
+    }
+    ++stats_.device_mallocs;
+    stats_.reserved_bytes += n;
+    used_[p] = {n, s};
+    account_in_use(n);
+    return p;
+  }
+
+  void free(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = used_.find(p);
+    if (it == used_.end()) return;  // not ours: ignore rather than corrupt the cache
+    stats_.in_use_bytes -= it->second.size;
+    free_[it->second.stream].emplace(it->second.size, p);
+    used_.erase(it);
+  }
+
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_locked();
+  }
+
+  ArenaStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_in_use_bytes = stats_.in_use_bytes;
+  }
+
+ private:
+  void account_in_use(size_t n) {
+    stats_.in_use_bytes += n;
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  }
+  void release_locked() {
+    // Cached blocks may still be referenced by queued work on their stream.
+    for (auto& [s, fl] : free_) {
+      if (fl.empty()) continue;
+      cudaStreamSynchronize(s);
+      for (auto& [sz, p] : fl) {
+        cudaFree(p);
+        stats_.reserved_bytes -= sz;
+      }
+      fl.clear();
+    }
+  }
+
+  std::mutex mu_;
+  std::unordered_map<cudaStream_t, std::multimap<size_t, void*>> free_;
+  std::unordered_map<void*, Block> used_;
+  ArenaStats stats_;
+};
+
+// Never destroyed: tensors held by static objects may be freed after main returns.
+Arena& arena() {
+  static Arena* a = new Arena();
+  return *a;
+}
+
+}  // namespace
+
+cudaStream_t stream() {
+  if (!t_stream) t_stream = make_thread_stream();
+  return t_stream;
+}
+
+StreamGuard::StreamGuard(cudaStream_t s) : prev_(stream()) {
+  t_stream = s;
+}
+StreamGuard::~StreamGuard() { t_stream = prev_; }
+
+void* arena_alloc(size_t bytes) { return arena().alloc(bytes, stream()); }
+void arena_free(void* p) { arena().free(p); }
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
+void PinnedBuffer::ensure(size_t bytes) {
+  if (bytes <= n_) return;
+  if (p_) {
+    LSTM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    cudaFreeHost(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  LSTM_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+  n_ = bytes;
+}
+
+const cudaDeviceProp& device_prop() {
+  static thread_local int dev = -1;
+  static thread_local cudaDeviceProp prop;
+  int d = 0;
+  LSTM_CUDA_CHECK(cudaGetDevice(&d));
+  if (d != dev) {
+    LSTM_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
+    dev = d;
+  }
+  return prop;
+}
+
+}  // namespace lstm::cuda
+
+namespace lstm {
+ArenaStats arena_stats() { return cuda::arena().stats(); }
+void arena_reset_peak() { cuda::arena().reset_peak(); }
+void arena_release_cached() { cuda::arena().release(); }
+}  // namespace lstm
+
+#endif  // LSTM_HAVE_CUDA
