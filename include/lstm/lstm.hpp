@@ -99,7 +99,27 @@ class LstmBackend {
   virtual LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& weights,
                              const LstmSaved& saved, const LstmGradOutput& grad,
                              std::vector<Tensor>& d_weights) = 0;
+
+  // Where the backend wants the weights: one flat buffer of `bytes` holding each tensor of
+  // spec.param_names() at offsets[i] (bytes, in `dtype`). When forward/backward get weights (or
+  // d_weights) that are views into one such buffer at exactly these offsets, they are used in
+  // place (cuDNN's weight space, like PyTorch's flatten_parameters); otherwise they are copied
+  // in. Empty offsets: the backend has no flat layout (it reads the tensors where they are).
+  struct FlatLayout {
+    size_t bytes = 0;
+    std::vector<size_t> offsets;
+  };
+  virtual FlatLayout flat_layout(const LstmSpec& spec, DType dtype) const {
+    (void)spec;
+    (void)dtype;
+    return {};
+  }
 };
+
+// Tensors of spec.param_names() as views into one new buffer laid out as `layout` (on `device`,
+// uninitialised), or separate tensors when layout.offsets is empty.
+std::vector<Tensor> make_flat_weights(const LstmSpec& spec, const LstmBackend::FlatLayout& layout, DType dtype,
+                                      Device device);
 
 // The backend for `algo` (Auto: the fastest one that supports the case). Throws with the
 // reason when the chosen algo does not support spec/dtype/device. Returns a process-wide

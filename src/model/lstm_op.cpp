@@ -201,6 +201,29 @@ std::vector<Algo> available_algos() {
 #endif
 }
 
+std::vector<Tensor> make_flat_weights(const LstmSpec& spec, const LstmBackend::FlatLayout& layout, DType dtype,
+                                      Device device) {
+  std::vector<Tensor> w;
+  const auto names = spec.param_names();
+  if (layout.offsets.empty()) {
+    for (const auto& n : names) w.push_back(Tensor::empty(spec.param_shape(n), dtype, device));
+    return w;
+  }
+  LSTM_CHECK(layout.offsets.size() == names.size(), "flat layout has " << layout.offsets.size() << " offsets for "
+                                                                         << names.size() << " tensors");
+  const size_t es = dtype_size(dtype);
+  LSTM_CHECK(layout.bytes % es == 0, "flat layout size " << layout.bytes << " is not a multiple of " << es);
+  Tensor flat = Tensor::empty({static_cast<int64_t>(layout.bytes / es)}, dtype, device);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Shape shape = spec.param_shape(names[i]);
+    const int64_t n = shape_numel(shape), begin = static_cast<int64_t>(layout.offsets[i] / es);
+    LSTM_CHECK(layout.offsets[i] % es == 0 && layout.offsets[i] + static_cast<size_t>(n) * es <= layout.bytes,
+               "flat layout offset " << layout.offsets[i] << " of " << names[i] << " is out of range");
+    w.push_back(flat.slice0(begin, begin + n).reshape(shape));
+  }
+  return w;
+}
+
 std::vector<std::string> cudnn_algo_names() {
   return {"standard", "persist_static", "persist_dynamic", "persist_static_small_h"};
 }
