@@ -18,6 +18,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+lstm::TrainOptions opts(const nlohmann::json& cfg, const std::string& out, bool resume, int64_t steps, std::ostream* log) {
+  lstm::TrainOptions o;
+  o.config = cfg;
+  o.out_dir = out;
+  o.resume = resume;
+  o.steps = steps;
+  o.log = log;
+  return o;
+}
+
+
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("lstm_train_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
@@ -70,7 +81,7 @@ TEST(Training, ClassifierLearnsMajorityTask) {
         {"optimizer", {{"type", "adam"}}},
         {"schedule", {{"type", "constant"}, {"lr", 0.01}}}}}};
   std::ostringstream log;
-  TrainResult r = train({cfg, (d / "run").string(), false, -1, &log});
+  TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
   EXPECT_FALSE(r.stopped_non_finite);
   EXPECT_EQ(r.step, 400);
   // Stated goal: >= 90% held-out accuracy after 400 steps (chance is 50%).
@@ -100,7 +111,7 @@ TEST(Training, CharModelLearnsAPeriodicTextAndGenerates) {
                           {"sample_length", 26},
                           {"schedule", {{"type", "constant"}, {"lr", 0.01}}}}}};
   std::ostringstream log;
-  TrainResult r = train({cfg, (d / "run").string(), false, -1, &log});
+  TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
   // Stated goal: the period-13 text is predicted with >= 95% accuracy after 300 steps.
   EXPECT_GE(r.valid_accuracy, 0.95) << log.str();
   EXPECT_LT(r.valid_loss, 0.3);
@@ -134,11 +145,11 @@ TEST(Training, SameSeedSameResultAndResumeEqualsUninterrupted) {
                           // The interrupted run stops early; its schedule must still be the 40-step one.
                           {"schedule", {{"type", "cosine"}, {"lr", 0.003}, {"warmup_steps", 5}, {"total_steps", 40}}}}}};
   std::ostringstream log;
-  TrainResult full = train({cfg, (d / "full").string(), false, -1, &log});
+  TrainResult full = train(opts(cfg, (d / "full").string(), false, -1, &log));
   // Interrupted: stop after 20 steps (a checkpoint is written there), then resume to 40.
-  TrainResult part = train({cfg, (d / "part").string(), false, 20, &log});
+  TrainResult part = train(opts(cfg, (d / "part").string(), false, 20, &log));
   EXPECT_EQ(part.step, 20);
-  TrainResult rest = train({{}, (d / "part").string(), true, 40, &log});
+  TrainResult rest = train(opts({}, (d / "part").string(), true, 40, &log));
   EXPECT_EQ(rest.step, 40);
   auto a = read_safetensors((d / "full" / "model.safetensors").string());
   auto b = read_safetensors((d / "part" / "model.safetensors").string());
@@ -172,7 +183,7 @@ TEST(Training, NonFiniteLossStopsAndKeepsLastGoodCheckpoint) {
                           {"optimizer", {{"type", "sgd"}}},
                           {"schedule", {{"type", "step"}, {"lr", 1.0}, {"step_size", 5}, {"gamma", 1e30}}}}}};
   std::ostringstream log;
-  TrainResult r = train({cfg, (d / "run").string(), false, -1, &log});
+  TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
   ASSERT_TRUE(r.stopped_non_finite) << log.str();
   EXPECT_THAT(log.str(), ::testing::HasSubstr("stopped before applying the update"));
   EXPECT_THAT(log.str(), ::testing::HasSubstr("last good checkpoint"));

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/model.hpp"
 #include "lstm/parallel.hpp"
@@ -38,15 +39,24 @@ nlohmann::json default_job() {
   return j;
 }
 
-void require_cpu(const std::string& device) {
-  LSTM_REQUIRE(device == "cpu", "--device " << device
-                                            << ": this build runs on the CPU only (expected --device cpu); the CUDA "
-                                               "backends are not part of this version yet");
+// --device/--precision/--algo/--cudnn-algo as a Placement.
+Placement make_placement(const std::string& device, const std::string& precision, const std::string& algo,
+                         const std::string& cudnn_algo) {
+  Placement p;
+  p.device = device_from_name(device);
+  if (p.device == Device::CUDA) require_cuda("--device cuda");
+  p.precision = precision_from_name(precision);
+  p.lstm.algo = algo_from_name(algo);
+  p.lstm.cudnn_algo = cudnn_algo;
+  p.lstm.allow_tf32 = p.precision == Precision::TF32;
+  return p;
 }
 
 int cmd_forward(const std::string& model_path, const std::string& input_path, const std::string& output_path,
-                const std::string& dtype_arg, const std::string& device, const std::string& algo_arg) {
-  require_cpu(device);
+                const std::string& dtype_arg, const std::string& device_arg, const std::string& algo_arg,
+                const std::string& cudnn_algo) {
+  const Device device = device_from_name(device_arg);
+  if (device == Device::CUDA) require_cuda("--device cuda");
   SafetensorsFile m = read_safetensors(model_path);
   std::map<std::string, Shape> shapes;
   for (auto& [k, v] : m.tensors) shapes[k] = v.shape();
@@ -75,12 +85,26 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
     else LSTM_THROW("--dtype must be one of f64, f32, tf32, bf16, f16; got '" << dt << "'");
   }
   Algo algo = algo_from_name(algo_arg);
+  if (device == Device::CUDA) {
+    // On the GPU bf16/f16 are real storage types; the cell state and accumulation stay fp32.
+    if (round_operands) compute = round_to;
+    round_operands = false;
+  }
   auto prep = [&](const Tensor& t) {
     Tensor c = round_operands ? t.to(round_to).to(compute) : t.to(compute);
-    return c;
+    return c.to_device(device);
   };
-  std::vector<Tensor> weights;
-  for (const auto& n : spec.param_names()) weights.push_back(prep(m.tensors.at(n)));
+  LstmOptions lo;
+  lo.algo = algo;
+  lo.cudnn_algo = cudnn_algo;
+  lo.allow_tf32 = dt == "tf32";
+  std::unique_ptr<LstmBackend> be = make_lstm_backend(lo, spec, compute, device);
+  // Weights go where the backend wants them (on the GPU: views into cuDNN's weight space).
+  std::vector<Tensor> weights = make_flat_weights(spec, be->flat_layout(spec, compute), compute, device);
+  {
+    const auto names = spec.param_names();
+    for (size_t i = 0; i < names.size(); ++i) weights[i].copy_(prep(m.tensors.at(names[i])));
+  }
   LstmInput in;
   in.x = prep(input);
   if (auto l = x.tensors.find("lengths"); l != x.tensors.end()) {
@@ -97,18 +121,18 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
   for (auto& [k, v] : x.tensors)
     LSTM_REQUIRE(k == "input" || k == "lengths" || k == "h0" || k == "c0",
                  input_path << ": unexpected tensor '" << k << "' (expected input, lengths, h0, c0)");
-  LstmBackend& be = lstm_backend(algo, spec, compute, Device::CPU);
   LstmOutput out;
   try {
-    out = be.forward(spec, weights, in, false, nullptr, nullptr);
+    out = be->forward(spec, weights, in, false, nullptr, nullptr);
   } catch (const Error& e) {
     LSTM_THROW(input_path << ": " << e.what());
   }
   write_safetensors(output_path, {{"output", out.output.to(out_dtype)}, {"h_n", out.h_n.to(out_dtype)},
                                   {"c_n", out.c_n.to(out_dtype)}},
-                    {{"algo", algo_name(be.algo())}, {"device", device}, {"dtype", dt.empty() ? dtype_name(out_dtype) : dt}});
+                    {{"algo", algo_name(be->algo())}, {"device", device_arg}, {"dtype", dt.empty() ? dtype_name(out_dtype) : dt}});
   std::cerr << "lstm forward: " << spec.num_layers << " layer(s), hidden " << spec.hidden_size
-            << (spec.bidirectional ? ", bidirectional" : "") << "; algo " << algo_name(be.algo()) << " on " << device
+            << (spec.bidirectional ? ", bidirectional" : "") << "; algo " << algo_name(be->algo())
+            << (be->algo() == Algo::Cudnn ? " (" + cudnn_algo + ")" : std::string()) << " on " << device_arg
             << "; wrote " << output_path << "\n";
   return 0;
 }
@@ -116,14 +140,25 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
 int cmd_info(const std::string& model_path) {
   std::cout << "lstm-engine 0.1.0\n";
   std::cout << "devices:\n  cpu: " << num_threads() << " threads; " << cpu_backend_description() << "\n";
-#ifdef LSTM_HAVE_CUDA
-  std::cout << "  cuda: compiled with the CUDA toolkit; GPU backends are not part of this version yet\n";
-#else
-  std::cout << "  cuda: not built (no CUDA compiler found at configure time)\n";
-#endif
+  if (cuda_available()) {
+    std::cout << "  cuda: " << cuda_versions() << "\n";
+    for (const GpuInfo& g : cuda_devices())
+      std::cout << "    gpu " << g.index << ": " << g.name << ", sm_" << g.cc_major << g.cc_minor << ", " << g.sms
+                << " SMs, " << g.memory_bytes / (1024.0 * 1024 * 1024) << " GiB, " << g.clock_ghz << " GHz\n";
+  } else {
+    std::cout << "  cuda: unavailable: " << cuda_unavailable_reason() << "\n";
+  }
   std::cout << "LSTM algorithms:";
-  for (Algo a : available_algos()) std::cout << " " << algo_name(a);
-  std::cout << "\n";
+  for (Algo a : available_algos()) {
+    std::cout << " " << algo_name(a);
+    if (a == Algo::Cudnn) {
+      std::cout << " (cuDNN algorithms:";
+      for (const auto& n : cudnn_algo_names()) std::cout << " " << n;
+      std::cout << ", auto)";
+    }
+  }
+  std::cout << " auto\n";
+  std::cout << "precisions: f64 (CPU), f32, tf32, bf16, f16 (GPU)\n";
   if (!model_path.empty()) {
     std::string p = resolve_model_path(model_path);
     std::map<std::string, std::string> meta;
@@ -145,7 +180,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   auto* train = app.add_subcommand("train", "train a model (no arguments: the default character language model job)");
-  std::string config_path, data_path, out_dir = "runs/default", device = "cpu";
+  std::string config_path, data_path, out_dir = "runs/default", device = "cpu", precision = "f32", algo = "auto",
+                                      cudnn_algo = "standard";
   int64_t steps = -1;
   int threads = 0;
   bool resume = false;
@@ -154,7 +190,15 @@ int main(int argc, char** argv) {
   train->add_option("--out", out_dir, "run folder for checkpoints and the final model")->capture_default_str();
   train->add_option("--steps", steps, "total optimizer steps (overrides the config)");
   train->add_option("--threads", threads, "CPU threads (0: all cores)");
-  train->add_option("--device", device, "cpu")->capture_default_str();
+  auto add_placement = [&](CLI::App* c) {
+    c->add_option("--device", device, "cpu|cuda")->capture_default_str();
+    c->add_option("--precision", precision, "f32 (CPU, GPU), tf32|bf16|f16 (GPU)")->capture_default_str();
+    c->add_option("--algo", algo, "LSTM implementation: auto|reference|cudnn")->capture_default_str();
+    c->add_option("--cudnn-algo", cudnn_algo,
+                  "cuDNN's algorithm: standard|persist_static|persist_dynamic|persist_static_small_h|auto")
+        ->capture_default_str();
+  };
+  add_placement(train);
   train->add_flag("--resume", resume, "continue from the run folder's latest checkpoint");
 
   auto* eval = app.add_subcommand("eval", "evaluate a trained model on its held-out data");
@@ -164,7 +208,7 @@ int main(int argc, char** argv) {
   eval->add_option("--data", data_path, "data to evaluate on (default: the training data recorded in the model)");
   eval->add_option("--batch-size", eval_batch)->capture_default_str();
   eval->add_option("--seq-len", eval_len, "window length for language models")->capture_default_str();
-  eval->add_option("--device", device)->capture_default_str();
+  add_placement(eval);
 
   auto* gen = app.add_subcommand("generate", "sample text from a character language model");
   std::string prime;
@@ -176,24 +220,28 @@ int main(int argc, char** argv) {
   gen->add_option("--length", gen_len, "characters to generate")->capture_default_str();
   gen->add_option("--temperature", temperature, "softmax temperature (> 0)")->capture_default_str();
   gen->add_option("--seed", seed)->capture_default_str();
-  gen->add_option("--device", device)->capture_default_str();
+  add_placement(gen);
 
   auto* info = app.add_subcommand("info", "versions, devices, algorithms; with --model a model summary");
   info->add_option("--model", model_arg, "model.safetensors or a run folder");
 
   auto* fwd = app.add_subcommand("forward", "run an nn.LSTM state_dict on inputs from a safetensors file");
-  std::string in_path, out_path, dtype_arg, algo_arg = "reference";
+  std::string in_path, out_path, dtype_arg, algo_arg = "auto", fwd_cudnn_algo = "auto";
   fwd->add_option("--model", model_arg, "safetensors with an nn.LSTM state_dict (weight_ih_l0, ...)")->required();
   fwd->add_option("--input", in_path, "safetensors with input [T,B,I], optional lengths [B], h0, c0")->required();
   fwd->add_option("--output", out_path, "safetensors to write: output, h_n, c_n")->required();
   fwd->add_option("--dtype", dtype_arg, "f64|f32|tf32|bf16|f16 (default: the input's dtype)");
   fwd->add_option("--device", device, "cpu|cuda")->capture_default_str();
-  fwd->add_option("--algo", algo_arg, "reference|cudnn|fused|persistent|auto")->capture_default_str();
+  fwd->add_option("--algo", algo_arg, "reference|cudnn|auto (auto: reference on the CPU, cudnn on the GPU)")
+      ->capture_default_str();
+  fwd->add_option("--cudnn-algo", fwd_cudnn_algo,
+                  "standard|persist_static|persist_dynamic|persist_static_small_h|auto (auto: the fastest that "
+                  "accepts the shape, timed once)")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) {
-      require_cpu(device);
       nlohmann::json cfg = default_job();
       if (!config_path.empty()) {
         std::ifstream f(config_path);
@@ -214,6 +262,7 @@ int main(int argc, char** argv) {
       o.out_dir = out_dir;
       o.resume = resume;
       o.steps = steps;
+      o.placement = make_placement(device, precision, algo, cudnn_algo);
       TrainResult r = lstm::train(o);
       if (r.stopped_non_finite) return 3;
       std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
@@ -223,19 +272,19 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval) {
-      require_cpu(device);
-      EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len);
+      EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len,
+                                    make_placement(device, precision, algo, cudnn_algo));
       std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
       return 0;
     }
     if (*gen) {
-      require_cpu(device);
-      std::string text = generate_text(model_arg, prime, gen_len, temperature, seed);
+      std::string text =
+          generate_text(model_arg, prime, gen_len, temperature, seed, make_placement(device, precision, algo, cudnn_algo));
       std::cout << prime << text << "\n";
       return 0;
     }
     if (*info) return cmd_info(model_arg);
-    if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg);
+    if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg, fwd_cudnn_algo);
   } catch (const lstm::Error& e) {
     std::cerr << "lstm: error: " << e.what() << "\n";
     return 1;

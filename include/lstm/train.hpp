@@ -44,6 +44,12 @@ struct TrainOptions {
   int64_t steps = -1;         // overrides train.steps when >= 0
   std::ostream* log = nullptr;  // progress and messages (nullptr: std::cerr)
   int threads = 0;            // overrides train.threads when > 0
+  // Where the model trains (device, precision, LSTM algorithm). On the GPU a step issues its
+  // work without waiting for it; the host reads the loss and gradient norm only when it logs,
+  // evaluates or checkpoints. A non-finite gradient norm makes the optimizer skip that update
+  // and every later one on the device, and training stops at the next log point naming the
+  // step where it happened (the parameters are those from before that step).
+  Placement placement;
 };
 
 struct TrainResult {
@@ -67,11 +73,11 @@ struct EvalResult {
 // Loads a model (a model.safetensors or a run folder) and evaluates it on the validation split of
 // `data_path` (default: the training data recorded in the model file).
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path = "",
-                          int64_t batch_size = 32, int64_t seq_len = 64);
+                          int64_t batch_size = 32, int64_t seq_len = 64, const Placement& placement = {});
 
 // Samples `length` characters from a character language model after reading `prime`.
 std::string generate_text(const std::string& model_path, const std::string& prime, int64_t length,
-                          double temperature, uint64_t seed);
+                          double temperature, uint64_t seed, const Placement& placement = {});
 
 // Resolves a model argument: a file as is; a run folder -> its latest checkpoint's model file.
 std::string resolve_model_path(const std::string& path);

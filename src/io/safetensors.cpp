@@ -283,9 +283,12 @@ std::map<std::string, Shape> read_safetensors_shapes(const std::string& path) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors_in,
                        const std::map<std::string, std::string>& metadata) {
   const std::string pre = "write_safetensors '" + path + "': ";
+  // GPU tensors (parameters, optimizer state) are written from host copies.
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, t] : tensors_in) tensors[name] = t.defined() ? t.cpu() : t;
   // ordered_json keeps "__metadata__" first and tensors in name order, as the bytes are laid out.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {

@@ -18,6 +18,9 @@
 #include "lstm/parallel.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
+#if LSTM_HAVE_CUDA
+#include "cuda/misc.hpp"
+#endif
 
 namespace fs = std::filesystem;
 
@@ -142,7 +145,12 @@ nlohmann::json model_json(const nlohmann::json& cfg, const TaskData& d) {
   return {{"input", input}, {"layers", layers}, {"dtype", "F32"}};
 }
 
-Act to_act(const Batch& b) { return {b.inputs, b.lengths}; }
+// Feature inputs go to the model's device; token ids stay on the host (the embedding copies
+// them after checking their range).
+Act to_act(const Batch& b, Device device = Device::CPU) {
+  if (device != Device::CPU && is_floating(b.inputs.dtype())) return {b.inputs.to_device(device), b.lengths};
+  return {b.inputs, b.lengths};
+}
 
 // Loss of a batch from the model's output; the gradient comes back in the output's shape.
 LossResult batch_loss(const Act& out, const Batch& b, int64_t classes) {
@@ -177,7 +185,8 @@ EvalResult run_eval(Model& model, const TaskData& d, int64_t B, int64_t T, int64
   for (int64_t i = 0; i < n; ++i) {
     Batch b = d.valid_batch(B, T, i);
     if (b.targets.numel() == 0) continue;
-    LossResult lr = batch_loss(model.forward(to_act(b), false, unused), b, d.outputs);
+    LossResult lr = batch_loss(model.forward(to_act(b, model.placement().device), false, unused), b, d.outputs);
+    lr.resolve();
     loss_sum += lr.loss * static_cast<double>(lr.count);
     r.count += lr.count;
     correct += lr.correct;
@@ -200,7 +209,8 @@ std::string sample_text(Model& model, const Vocab& vocab, const std::string& pri
   Act y = model.forward({x, {}}, false, unused);
   for (int64_t i = 0; i < length; ++i) {
     const int64_t T = y.data.size(0), C = y.data.size(2);
-    std::vector<double> p = softmax_row(y.data.reshape({T, C}), T - 1, temperature);
+    // Only the last step's logits come to the host.
+    std::vector<double> p = softmax_row(y.data.reshape({T, C}).slice0(T - 1, T).cpu(), 0, temperature);
     double u = rng.uniform(), acc = 0;
     int64_t next = C - 1;
     for (int64_t c = 0; c < C; ++c) {
@@ -429,6 +439,10 @@ TrainResult train(const TrainOptions& opts) {
     log << "data: " << data.train_idx.size() << " training sequences, " << data.valid_idx.size() << " held out, "
         << data.outputs << " classes\n";
 
+  model.place(opts.placement);
+  const bool gpu = opts.placement.device == Device::CUDA;
+  if (gpu) log << "device: " << device_name(opts.placement.device) << ", precision " << precision_name(opts.placement.precision) << "\n";
+
   TrainResult res;
   res.step = step;
   auto params = model.parameters();
@@ -440,36 +454,80 @@ TrainResult train(const TrainOptions& opts) {
   std::string last_good;
   if (opts.resume) last_good = resume_dir.string();
 
+  // Steps whose loss and gradient norm the host has not looked at yet (GPU: read lazily).
+  struct Pending {
+    int64_t step;
+    LossResult loss;
+    Tensor norm;
+  };
+  std::vector<Pending> pending;
+  // GPU: running sum of gradient norms; the guarded optimizer skips every update from the first
+  // non-finite norm on, so the parameters stay those from before that step.
+  Tensor guard;
+  if (gpu) guard = Tensor::zeros({1}, DType::F32, Device::CUDA);
+
+  // Reads the pending steps; on a non-finite loss or norm, reports it and returns false.
+  auto flush = [&]() -> bool {
+    for (auto& p : pending) {
+      p.loss.resolve();
+      const double gnorm = p.norm.defined() ? p.norm.cpu().get(0) : 0.0;
+      const bool loss_ok = std::isfinite(p.loss.loss);
+      if (!loss_ok || !std::isfinite(gnorm)) {
+        res.stopped_non_finite = true;
+        log << (tty ? "\n" : "") << "error: " << (loss_ok ? "the gradient norm" : "the loss") << " is "
+            << (loss_ok ? gnorm : p.loss.loss) << " at step " << p.step
+            << (gpu ? "; its update and any later one were skipped on the device and training stopped. "
+                    : "; stopped before applying the update. ");
+        if (last_good.empty())
+          log << "No checkpoint was written yet.\n";
+        else
+          log << "The last good checkpoint is " << last_good << ".\n";
+        res.last_checkpoint = last_good;
+        res.step = p.step - 1;
+        pending.clear();
+        return false;
+      }
+      win_loss += p.loss.loss;
+      ++win_n;
+      tokens += p.loss.count;
+    }
+    pending.clear();
+    return true;
+  };
+
   while (step < steps) {
     Batch b = data.train_batch(B, T, data_rng);
     model.zero_grad();
-    Act out = model.forward(to_act(b), true, model_rng);
+    Act out = model.forward(to_act(b, opts.placement.device), true, model_rng);
     LossResult lr = batch_loss(out, b, data.outputs);
-    double gnorm = 0;
-    bool finite = std::isfinite(lr.loss);
-    if (finite) {
+    if (gpu) {
+      // No host synchronisation: loss and norm stay on the device until the next flush.
       model.backward({lr.grad, b.lengths});
-      gnorm = clip > 0 ? clip_grad_norm(params, clip) : grad_norm(params);
-      finite = std::isfinite(gnorm);
+      Tensor norm = grad_norm_tensor(params);
+      if (clip > 0) clip_grad_norm_with(params, clip, norm);
+#if LSTM_HAVE_CUDA
+      cuda::accumulate_scalar(guard, norm);
+#endif
+      opt->step_guarded(params, sched->lr(step), guard);
+      ++step;
+      pending.push_back({step, std::move(lr), norm});
+    } else {
+      Tensor norm;
+      if (std::isfinite(lr.loss)) {
+        model.backward({lr.grad, b.lengths});
+        norm = Tensor::full({1}, clip > 0 ? clip_grad_norm(params, clip) : grad_norm(params));
+      }
+      pending.push_back({step + 1, std::move(lr), norm});
+      if (!flush()) return res;
+      opt->step(params, sched->lr(step));
+      ++step;
     }
-    if (!finite) {
-      res.stopped_non_finite = true;
-      log << (tty ? "\n" : "") << "error: " << (std::isfinite(lr.loss) ? "the gradient norm" : "the loss") << " is "
-          << (std::isfinite(lr.loss) ? gnorm : lr.loss) << " at step " << step + 1
-          << "; stopped before applying the update. ";
-      if (last_good.empty())
-        log << "No checkpoint was written yet.\n";
-      else
-        log << "The last good checkpoint is " << last_good << ".\n";
-      res.last_checkpoint = last_good;
-      return res;
-    }
-    opt->step(params, sched->lr(step));
-    ++step;
-    win_loss += lr.loss;
-    ++win_n;
-    tokens += lr.count;
-    if (step % log_every == 0 || step == steps) {
+    const bool last = step == steps;
+    const bool log_now = step % log_every == 0 || last;
+    const bool eval_now = (eval_every > 0 && step % eval_every == 0) || last;
+    const bool ckpt_now = (ckpt_every > 0 && step % ckpt_every == 0) || last;
+    if ((log_now || eval_now || ckpt_now) && !flush()) return res;
+    if (log_now && win_n > 0) {
       double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       double rate = el > 0 ? static_cast<double>(tokens) / el : 0;
       double eta = step > first_step ? el / static_cast<double>(step - first_step) * static_cast<double>(steps - step) : 0;
@@ -489,8 +547,7 @@ TrainResult train(const TrainOptions& opts) {
       win_loss = 0;
       win_n = 0;
     }
-    bool last = step == steps;
-    if ((eval_every > 0 && step % eval_every == 0) || last) {
+    if (eval_now) {
       EvalResult er = run_eval(model, data, B, T, tc["eval_batches"]);
       res.valid_loss = er.loss;
       res.valid_accuracy = er.accuracy;
@@ -502,7 +559,7 @@ TrainResult train(const TrainOptions& opts) {
             << ", accuracy " << std::setprecision(2) << 100 * er.accuracy << "% over " << er.count << " targets"
             << std::defaultfloat << "\n";
     }
-    if ((ckpt_every > 0 && step % ckpt_every == 0) || last) {
+    if (ckpt_now) {
       last_good = save_checkpoint(out_dir, step, model, meta, *opt, data_rng, model_rng, cfg, tc["keep_checkpoints"]);
       res.last_checkpoint = last_good;
     }
@@ -529,10 +586,11 @@ std::string resolve_model_path(const std::string& path) {
 }
 
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path, int64_t batch_size,
-                          int64_t seq_len) {
+                          int64_t seq_len, const Placement& placement) {
   std::string mp = resolve_model_path(model_path);
   std::map<std::string, std::string> meta;
   Model model = load_model(mp, &meta);
+  model.place(placement);
   auto it = meta.find("lstm_engine.config");
   LSTM_REQUIRE(it != meta.end(), mp << ": no training configuration in the model file; cannot tell its task");
   nlohmann::json cfg = nlohmann::json::parse(it->second);
@@ -555,10 +613,11 @@ EvalResult evaluate_model(const std::string& model_path, const std::string& data
 }
 
 std::string generate_text(const std::string& model_path, const std::string& prime, int64_t length, double temperature,
-                          uint64_t seed) {
+                          uint64_t seed, const Placement& placement) {
   std::string mp = resolve_model_path(model_path);
   std::map<std::string, std::string> meta;
   Model model = load_model(mp, &meta);
+  model.place(placement);
   auto it = meta.find("lstm_engine.vocab");
   LSTM_REQUIRE(it != meta.end(), mp << ": not a character language model (no vocabulary in the file)");
   Vocab vocab = Vocab::from_json(nlohmann::json::parse(it->second));

@@ -1,0 +1,166 @@
+// The CUDA runtime layer: device tensors, conversions against the CPU's, the caching arena and
+// the one status check for CUDA, cuBLAS and cuDNN.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "gpu_test_util.hpp"
+#include "lstm/device.hpp"
+#include "lstm/tensor.hpp"
+#if LSTM_HAVE_CUDA
+#include "core/cuda_rt.hpp"
+#include "cuda/cublas_util.hpp"
+#include "cudnn/cudnn_util.hpp"
+#endif
+
+using namespace lstm;
+using lstm::testing::random_tensor;
+using ::testing::HasSubstr;
+
+// The check macro needs no GPU: it formats whatever status it is given.
+TEST(GpuCore, CheckMacroNamesFileLineExpressionAndError) {
+#if LSTM_HAVE_CUDA
+  auto what = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string a = what([] { LSTM_CUDA_CHECK(cudaErrorInvalidValue); });
+  EXPECT_THAT(a, HasSubstr("CUDA error at"));
+  EXPECT_THAT(a, HasSubstr("test_gpu_core.cpp:"));
+  EXPECT_THAT(a, HasSubstr("cudaErrorInvalidValue"));
+  EXPECT_THAT(a, HasSubstr("failed"));
+  std::string b = what([] { LSTM_CUDA_CHECK(CUBLAS_STATUS_INVALID_VALUE); });
+  EXPECT_THAT(b, HasSubstr("cuBLAS error"));
+  EXPECT_THAT(b, HasSubstr("CUBLAS_STATUS_INVALID_VALUE"));
+  std::string c = what([] { LSTM_CUDA_CHECK(CUDNN_STATUS_NOT_SUPPORTED); });
+  EXPECT_THAT(c, HasSubstr("cuDNN error"));
+  EXPECT_THAT(c, HasSubstr("CUDNN_STATUS_NOT_SUPPORTED"));
+  EXPECT_THAT(c, HasSubstr("CUDNN_STATUS_NOT_SUPPORTED"));
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+TEST(GpuCore, NoGpuGivesAClearErrorNotACrash) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present; this checks the no-GPU message";
+  try {
+    Tensor::empty({2}, DType::F32, Device::CUDA);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("needs a CUDA GPU"));
+  }
+}
+
+TEST(GpuCore, DevicesAndVersions) {
+  LSTM_REQUIRE_GPU();
+  auto devs = cuda_devices();
+  ASSERT_FALSE(devs.empty());
+  EXPECT_FALSE(devs[0].name.empty());
+  EXPECT_GT(devs[0].sms, 0);
+  EXPECT_THAT(cuda_versions(), HasSubstr("cuDNN 9."));
+}
+
+TEST(GpuCore, RoundTripEveryDtype) {
+  LSTM_REQUIRE_GPU();
+  Rng rng(7);
+  for (DType dt : {DType::F64, DType::F32, DType::BF16, DType::F16, DType::I64, DType::I32, DType::U8}) {
+    Tensor h = Tensor::empty({3, 37}, dt);
+    for (int64_t i = 0; i < h.numel(); ++i) h.set(i, is_floating(dt) ? rng.normal() * 10 : static_cast<double>(rng.below(200)));
+    Tensor d = h.to_device(Device::CUDA);
+    EXPECT_EQ(d.device(), Device::CUDA);
+    EXPECT_THROW(d.get(0), Error);
+    Tensor back = d.cpu();
+    EXPECT_EQ(std::memcmp(back.raw(), h.raw(), h.nbytes()), 0) << dtype_name(dt);
+    Tensor c = d.clone().cpu();
+    EXPECT_EQ(std::memcmp(c.raw(), h.raw(), h.nbytes()), 0) << dtype_name(dt);
+  }
+}
+
+TEST(GpuCore, ConversionsOnTheDeviceEqualTheCpus) {
+  LSTM_REQUIRE_GPU();
+  Rng rng(3);
+  Tensor src = random_tensor({1000}, rng, 100.0, DType::F64);
+  src.set(0, 65519.0);  // f16 rounding edge
+  src.set(1, 1e-6);     // f16 subnormal
+  src.set(2, -3.0e38);  // bf16 near overflow
+  for (DType from : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
+    Tensor s = src.to(from);
+    Tensor sd = s.to_device(Device::CUDA);
+    for (DType to : {DType::F64, DType::F32, DType::BF16, DType::F16, DType::I64}) {
+      if (to == DType::I64 && from != DType::F32) continue;
+      Tensor want = s.to(to);
+      Tensor got = sd.to(to).cpu();
+      if (to == DType::I64) {
+        // Out-of-range float -> int conversions are undefined on both sides; compare the rest.
+        for (int64_t i = 3; i < want.numel(); ++i) EXPECT_EQ(got.get(i), want.get(i)) << i;
+        continue;
+      }
+      if (from == DType::F64 && (to == DType::BF16 || to == DType::F16)) {
+        // Double rounding (f64 -> f32 -> half) on both sides.
+        EXPECT_EQ(max_abs_diff(got, want), 0.0) << dtype_name(from) << "->" << dtype_name(to);
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << dtype_name(from) << "->" << dtype_name(to);
+    }
+  }
+}
+
+TEST(GpuCore, FillZeroSliceAndCrossDeviceCopies) {
+  LSTM_REQUIRE_GPU();
+  Tensor d = Tensor::full({4, 5}, 2.5, DType::F32, Device::CUDA);
+  Tensor h = d.cpu();
+  for (int64_t i = 0; i < h.numel(); ++i) EXPECT_EQ(h.get(i), 2.5);
+  Tensor rows = d.slice0(1, 3);
+  rows.zero_();
+  h = d.cpu();
+  for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(h.get(i), (i >= 5 && i < 15) ? 0.0 : 2.5) << i;
+  // CPU F64 -> GPU BF16 and back, converting on the way.
+  Tensor src = Tensor::full({7}, 1.0 / 3.0, DType::F64);
+  Tensor bf = Tensor::empty({7}, DType::BF16, Device::CUDA);
+  bf.copy_(src);
+  Tensor back = Tensor::empty({7}, DType::F64);
+  back.copy_(bf);
+  EXPECT_EQ(back.get(3), static_cast<double>(bf16_to_f32(f32_to_bf16(1.0f / 3.0f))));
+  EXPECT_LT(rel_l2_error(d, h), 1e-12);  // rel_l2_error takes GPU tensors too
+}
+
+TEST(GpuCore, ArenaReusesBlocksWithoutNewMallocs) {
+  LSTM_REQUIRE_GPU();
+  {
+    Tensor warm1 = Tensor::empty({1 << 20}, DType::F32, Device::CUDA);
+    Tensor warm2 = Tensor::empty({1000}, DType::F32, Device::CUDA);
+  }
+  const ArenaStats before = arena_stats();
+  for (int i = 0; i < 50; ++i) {
+    Tensor a = Tensor::empty({1 << 20}, DType::F32, Device::CUDA);
+    Tensor b = Tensor::empty({1000}, DType::F32, Device::CUDA);
+    a.fill_(1.0);
+    b.zero_();
+  }
+  const ArenaStats after = arena_stats();
+  EXPECT_EQ(after.device_mallocs, before.device_mallocs);
+  EXPECT_EQ(after.in_use_bytes, before.in_use_bytes);
+  EXPECT_GE(after.peak_in_use_bytes, size_t(4) << 20);
+  cuda_synchronize();
+  arena_release_cached();
+  EXPECT_LE(arena_stats().reserved_bytes, before.reserved_bytes);
+}
+
+TEST(GpuCore, DeviceOutOfMemoryIsAClearError) {
+  LSTM_REQUIRE_GPU();
+  try {
+    Tensor huge = Tensor::empty({int64_t(1) << 40}, DType::F32, Device::CUDA);  // 4 TiB
+    FAIL() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("cannot allocate"));
+  }
+  // The device is still usable afterwards.
+  Tensor ok = Tensor::full({8}, 1.0, DType::F32, Device::CUDA);
+  EXPECT_EQ(ok.cpu().get(7), 1.0);
+}
