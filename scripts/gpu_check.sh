@@ -11,17 +11,22 @@
 #            GoogleTest executables test_* found in $LSTM_TEST_BIN_DIR, BUILD_DIR/tests or
 #            BUILD_DIR/bin are run one by one with --gtest_output=xml.
 #   bench  - bench_cpu_lstm is taken from $LSTM_BENCH_CPU, else BUILD_DIR/bench/bench_cpu_lstm,
-#            else BUILD_DIR/bin/bench_cpu_lstm.
+#            else BUILD_DIR/bin/bench_cpu_lstm; bench_gpu_lstm likewise ($LSTM_BENCH_GPU).
+# Sections (all run by default): tests, interop, cpu_bench, gpu_bench (GPU LSTM harness over
+# bench/suites.json + torch.nn.LSTM on the GPU + gpu_report.py; bench/README.md).
 # OUT_DIR receives:
 #   ctest.xml (or gtest/*.xml), logs/*.log, bench/*.jsonl (one JSON row per case),
-#   compare/*.json, report.d/*.md (fragments), *.png, results.json, report.md.
+#   compare/*.json, report.d/*.md (fragments), *.png, gpu_results.json, results.json, report.md.
+# Then, unless LSTM_CHECK_PACK=0, everything is packed into OUT_DIR/check.tar.gz and only
+# check.tar.gz, report.md, results.json and at most 5 PNGs stay loose (at most 8 files: what the
+# lent GPU machine sends back).
 # The last line printed is a one-line summary.
 # Exit status: 0 all passed; 1 tests failed or none were found; 2 tests passed (or were not
 # selected) but another section failed, e.g. a benchmark crashed. A missed performance goal is
 # reported, never an error.
 #
 # Environment (all optional):
-#   LSTM_CHECK_SECTIONS       sections to run, in order (default "tests interop cpu_bench")
+#   LSTM_CHECK_SECTIONS       sections to run, in order (default "tests interop cpu_bench gpu_bench")
 #   LSTM_CHECK_QUICK=1        benchmarks with --quick (smoke test of this script)
 #   LSTM_CHECK_THREADS        CPU bench thread counts (default "2 N", N = min(16, nproc))
 #   LSTM_CHECK_CPU_BENCH_ARGS extra arguments for both CPU benches, e.g. "--hidden 128 --layers 1"
@@ -35,6 +40,17 @@
 #   LSTM_CPU_BASELINE         context-only PyTorch CPU rows (default: shared/bench/pytorch_cpu_baseline.jsonl
 #                             next to or above the repository, when present)
 #   PYTHON                    python interpreter (default python3)
+#   LSTM_CHECK_PACK=0         keep OUT_DIR as a tree (no check.tar.gz)
+# gpu_bench (defaults sized so the section takes about 6 minutes on an H200):
+#   LSTM_BENCH_GPU            path of bench_gpu_lstm
+#   LSTM_GPU_SUITES_FILE      suites file (default bench/suites.json of this repository)
+#   LSTM_GPU_SUITES / LSTM_GPU_DTYPES / LSTM_GPU_MODES   space-separated subsets (default all)
+#   LSTM_GPU_REPEATS (10), LSTM_GPU_WARMUP (2)           per cell, both benches
+#   LSTM_GPU_BENCH_BUDGET_S (210), LSTM_GPU_TORCH_BUDGET_S (100)   seconds of cells per bench;
+#                             cells not started in time are recorded as "not run"
+#   LSTM_GPU_MAX_CELL_S (0.5) cap per cell for an algorithm > 3x slower than the case's best
+#   LSTM_GPU_CHECK_SUITES     suites checked against the float64 CPU reference (default "paper")
+#   LSTM_GPU_BENCH_ARGS / LSTM_GPU_TORCH_ARGS   extra arguments for bench_gpu_lstm / bench_gpu_torch.py
 #
 # Adding a section (e.g. a GPU bench): write section_<name>() below, which may write
 # bench/<name>*.jsonl, compare/<name>.json, report.d/NN_<name>.md and *.png under $OUT, logs under
@@ -61,7 +77,7 @@ QUICK_FLAG=()
 mkdir -p "$OUT/logs" "$OUT/bench" "$OUT/compare" "$OUT/report.d"
 # Results of an earlier run in the same folder would be mistaken for this run's.
 rm -f "$OUT/sections.tsv" "$OUT/ctest.xml" "$OUT/results.json" "$OUT/report.md" "$OUT"/*.png \
-  "$OUT"/bench/*.jsonl "$OUT"/compare/*.json "$OUT"/report.d/*.md
+  "$OUT"/bench/*.jsonl "$OUT"/compare/*.json "$OUT"/report.d/*.md "$OUT/gpu_results.json" "$OUT/check.tar.gz"
 rm -rf "$OUT/gtest"
 
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
@@ -225,6 +241,104 @@ section_cpu_bench() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# section: gpu_bench (our GPU LSTM algorithms vs torch.nn.LSTM on the GPU, over bench/suites.json)
+# ---------------------------------------------------------------------------------------------
+find_gpu_bench() {
+  local c
+  for c in "${LSTM_BENCH_GPU:-}" "$BUILD_DIR/bench/bench_gpu_lstm" "$BUILD_DIR/bin/bench_gpu_lstm"; do
+    [[ -n "$c" && -x "$c" ]] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+section_gpu_bench() {
+  local bench rc=0 r c
+  bench=$(find_gpu_bench) || {
+    NOTE="bench_gpu_lstm not found (set LSTM_BENCH_GPU)"
+    log "$NOTE"
+    return 1
+  }
+  local suites=${LSTM_GPU_SUITES_FILE:-$REPO_DIR/bench/suites.json}
+  [[ -f "$suites" ]] || { NOTE="no suites file $suites"; log "$NOTE"; return 1; }
+  # bench/suites.json is a copy of the shared suites; say so when they drifted apart.
+  for c in "$REPO_DIR/shared/bench/suite.json" "$REPO_DIR/../shared/bench/suite.json"; do
+    if [[ -f "$c" ]] && ! cmp -s "$c" "$suites"; then
+      log "WARNING: $suites differs from $c: copy the shared file over"
+    fi
+  done
+  local ours_budget=${LSTM_GPU_BENCH_BUDGET_S:-210} torch_budget=${LSTM_GPU_TORCH_BUDGET_S:-100}
+  local common=(--suites-file "$suites") cell=() s
+  for s in ${LSTM_GPU_SUITES:-}; do common+=(--suite "$s"); done
+  for s in ${LSTM_GPU_DTYPES:-}; do common+=(--dtype "$s"); done
+  for s in ${LSTM_GPU_MODES:-}; do common+=(--mode "$s"); done
+  # --quick keeps its own (smaller) repeat counts unless they are given.
+  if ((${#QUICK_FLAG[@]})); then
+    cell=("${QUICK_FLAG[@]}")
+    [[ -n "${LSTM_GPU_REPEATS:-}" ]] && cell+=(--repeats "$LSTM_GPU_REPEATS")
+    [[ -n "${LSTM_GPU_WARMUP:-}" ]] && cell+=(--warmup "$LSTM_GPU_WARMUP")
+  else
+    cell=(--repeats "${LSTM_GPU_REPEATS:-10}" --warmup "${LSTM_GPU_WARMUP:-2}")
+  fi
+  local ours_extra=() torch_extra=() checks=()
+  [[ -n "${LSTM_GPU_BENCH_ARGS:-}" ]] && read -r -a ours_extra <<<"$LSTM_GPU_BENCH_ARGS"
+  [[ -n "${LSTM_GPU_TORCH_ARGS:-}" ]] && read -r -a torch_extra <<<"$LSTM_GPU_TORCH_ARGS"
+  for s in ${LSTM_GPU_CHECK_SUITES-paper}; do checks+=(--check-suite "$s"); done
+
+  log "bench_gpu_lstm (cells budget ${ours_budget}s)"
+  # The hard limit leaves room for the ceilings, the CPU reference checks and the last cell.
+  local hard=$(( ${ours_budget%.*} > 0 ? ${ours_budget%.*} + 120 : 0 ))  # timeout 0: no limit
+  timeout "$hard" "$bench" "${common[@]}" "${cell[@]}" --budget-s "$ours_budget" \
+    --max-cell-s "${LSTM_GPU_MAX_CELL_S:-0.5}" "${checks[@]}" "${ours_extra[@]}" \
+    --out "$OUT/bench/gpu_ours.jsonl" >"$OUT/logs/gpu_ours.log" 2>&1
+  r=$?
+  grep -E "^ceiling|^bench_gpu_lstm" "$OUT/logs/gpu_ours.log" | tail -n 8
+  case $r in
+    0) ;;
+    3) rc=1; log "bench_gpu_lstm: a correctness check against the CPU reference FAILED (logs/gpu_ours.log)" ;;
+    124) rc=1; log "bench_gpu_lstm: hard time limit hit; rows finished before it are kept" ;;
+    *) rc=1; log "bench_gpu_lstm exited $r (logs/gpu_ours.log)" ;;
+  esac
+  local gpu_note=""
+  if head -n 1 "$OUT/bench/gpu_ours.jsonl" 2>/dev/null | grep -q '"error"'; then
+    # A GPU check without a GPU is a failed check, not a pass with nothing in it.
+    gpu_note="no GPU: $(head -n 1 "$OUT/logs/gpu_ours.log")"
+    rc=1
+  fi
+
+  local ins=(--in "$OUT/bench/gpu_ours.jsonl") torch_ok=0
+  if have_python && "$PYTHON" -c "import torch" >/dev/null 2>&1; then torch_ok=1; fi
+  if (( torch_ok )); then
+    log "bench_gpu_torch.py (cells budget ${torch_budget}s)"
+    hard=$(( ${torch_budget%.*} > 0 ? ${torch_budget%.*} + 90 : 0 ))
+    PYTHONUNBUFFERED=1 timeout "$hard" "$PYTHON" "$SCRIPT_DIR/bench_gpu_torch.py" \
+      "${common[@]}" "${cell[@]}" --budget-s "$torch_budget" "${torch_extra[@]}" \
+      --out "$OUT/bench/gpu_torch.jsonl" >"$OUT/logs/gpu_torch.log" 2>&1
+    r=$?
+    tail -n 1 "$OUT/logs/gpu_torch.log"
+    if (( r != 0 )); then
+      rc=1
+      log "bench_gpu_torch.py exited $r (logs/gpu_torch.log)"
+    fi
+    ins+=(--in "$OUT/bench/gpu_torch.jsonl")
+  else
+    log "torch is not importable by $PYTHON: no same-run PyTorch comparison"
+  fi
+
+  if have_python; then
+    "$PYTHON" "$SCRIPT_DIR/gpu_report.py" "${ins[@]}" --suites-file "$suites" --json "$OUT/gpu_results.json" \
+      --md "$OUT/report.d/30_gpu_bench.md" --png-dir "$OUT" >"$OUT/logs/gpu_report.log" 2>&1 || rc=1
+    grep -E "^(FAIL|MISSING)" "$OUT/logs/gpu_report.log" | head -n 20
+    tail -n 1 "$OUT/logs/gpu_report.log"
+    NOTE="$(tail -n 1 "$OUT/logs/gpu_report.log" | sed 's/^gpu_report: //')"
+  else
+    NOTE="no $PYTHON: JSON lines only (bench/gpu_ours.jsonl)"
+  fi
+  (( torch_ok )) || NOTE="$NOTE; torch not importable"
+  [[ -n "$gpu_note" ]] && NOTE="$gpu_note; $NOTE"
+  return "$rc"
+}
+
+# ---------------------------------------------------------------------------------------------
 # section: interop (ours -> PyTorch: strict state_dict load, nn.LSTM equals `lstm forward`)
 # ---------------------------------------------------------------------------------------------
 section_interop() {
@@ -260,17 +374,40 @@ run_section() {
 }
 
 export LSTM_CHECK_GIT_COMMIT=${LSTM_CHECK_GIT_COMMIT:-$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || true)}
-for s in ${LSTM_CHECK_SECTIONS:-tests interop cpu_bench}; do
+for s in ${LSTM_CHECK_SECTIONS:-tests interop cpu_bench gpu_bench}; do
   run_section "$s"
 done
 
+# Packs OUT into check.tar.gz, leaving report.md, results.json and at most 5 PNGs beside it: the
+# lent GPU machine sends back at most 8 files.
+pack_out() {
+  [[ "${LSTM_CHECK_PACK:-1}" == 0 ]] && return 0
+  local tmp
+  tmp=$(mktemp "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || return 0
+  if ! tar -czf "$tmp" -C "$OUT" . 2>/dev/null; then
+    log "packing $OUT failed; the tree is left as it is"
+    rm -f "$tmp"
+    return 0
+  fi
+  find "$OUT" -mindepth 1 -maxdepth 1 ! -name report.md ! -name results.json ! -name '*.png' -exec rm -rf {} +
+  find "$OUT" -mindepth 1 -maxdepth 1 -name '*.png' | sort | tail -n +6 | while read -r f; do rm -f "$f"; done
+  mv "$tmp" "$OUT/check.tar.gz"
+  chmod 644 "$OUT/check.tar.gz"
+  echo "gpu_check: packed into $OUT/check.tar.gz (tar xzf it for logs/, bench/*.jsonl, gpu_results.json, ...)"
+}
+
 if have_python; then
-  "$PYTHON" "$SCRIPT_DIR/check_summary.py" "$OUT"
-  exit $?
+  # The summary line is printed last, after packing.
+  summary=$("$PYTHON" "$SCRIPT_DIR/check_summary.py" "$OUT")
+  status=$?
+  pack_out
+  echo "$summary"
+  exit "$status"
 fi
 # Without python: no results.json; decide from the section table alone.
 tests_rc=$(awk -F'\t' '$1=="tests"{print $2}' "$OUT/sections.tsv")
 others_bad=$(awk -F'\t' '$1!="tests" && $2!=0' "$OUT/sections.tsv" | wc -l)
+pack_out
 echo "gpu_check: no $PYTHON, so no results.json/report.md; tests exit ${tests_rc:-not run}; $others_bad other section(s) failed"
 [[ -z "$tests_rc" || "$tests_rc" == 0 ]] || exit 1
 (( others_bad == 0 )) || exit 2
