@@ -3,6 +3,7 @@
 # binaries stripped; ctest runs from it) and gpu-stage/lib (the Debian shared libraries that
 # machine lacks). Keep it under the 64 MiB the device tool carries.
 #   bash scripts/stage_gpu.sh [BUILD_DIR]     (default: build)
+# On the GPU machine: `source scripts/gpu_env.sh`, then run from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -11,6 +12,9 @@ mkdir -p gpu-stage/build gpu-stage/lib
 (cd "$build" && tar cf - --exclude='*.o' --exclude='*.a' --exclude=Testing --exclude=CheckCUDA --exclude='3.*.*' .) |
   (cd gpu-stage/build && tar xf -)
 find gpu-stage/build -type f -perm -u+x -exec sh -c 'file "$1" | grep -q ELF && strip "$1"' _ {} \;
+# Absolute paths the build refers to (RUNPATH, ctest files); scripts/gpu_env.sh recreates them.
+realpath . > gpu-stage/source_path
+realpath "$build" > gpu-stage/build_path
 lib=/usr/lib/x86_64-linux-gnu
 cp -L "$lib/openblas-openmp/libopenblas.so.0" "$lib/libgfortran.so.5" "$lib/libquadmath.so.0" "$lib/libgomp.so.1" gpu-stage/lib/
 du -sh gpu-stage
