@@ -1,8 +1,838 @@
-// Placeholder until the cuDNN backend lands (being written in this same change set).
+// The LSTM stack through cuDNN 9's RNN API: cudnnRNNForward, cudnnRNNBackwardData_v8 and
+// cudnnRNNBackwardWeights_v8 on the engine stream.
+//
+// Variable lengths use the unpacked layouts (SEQ_MAJOR_UNPACKED, BATCH_MAJOR_UNPACKED with
+// batch_first) with per-sequence lengths and padded I/O, so the batch is never repacked on the
+// host: cuDNN starts the reverse direction at each sequence's own last step and returns h_n/c_n
+// there. What cuDNN may read past a length is zeroed into a scratch copy first (x in the forward,
+// d_output in the backward), so NaN there cannot reach a product; d_x past a length is zeroed
+// after the call.
+//
+// Weights: cuDNN wants one "weight space". nn.LSTM's tensors map onto it one to one: cuDNN keeps
+// the four gate matrices of W_ih (and of W_hh, and the gate biases) next to each other in the
+// order i, f, g, o, which is PyTorch's row order (compute_layout checks it for every tensor). When
+// the caller's tensors are views at exactly those offsets of one buffer (make_flat_weights with
+// flat_layout()), that buffer is the weight space (and the d_weights buffer the weight-gradient
+// space, which cuDNN adds into); otherwise the tensors are copied into a cached weight space and
+// the gradients are formed in a scratch space and added into d_weights.
+//
+// Dropout between layers uses cuDNN's own dropout (its masks live in the reserve space): the
+// dropout state is seeded once from the caller's Rng on the first training forward with dropout
+// and then advances inside cuDNN. GPU masks therefore differ from the CPU reference's masks (same
+// probability and 1/(1-p) scaling, different random numbers).
 #include "cudnn/lstm_cudnn.hpp"
 
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "cudnn/cudnn_util.hpp"
+#include "cudnn/lstm_cudnn_backend.hpp"
+#include "cudnn/lstm_cudnn_kernels.hpp"
+#include "lstm/device.hpp"
+
 namespace lstm {
-std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions&) {
-  LSTM_THROW("the cuDNN LSTM backend is not built yet");
+namespace {
+
+// ---- cuDNN's algorithms ----
+enum CudnnAlgoId : int { kStandard = 0, kPersistStatic = 1, kPersistDynamic = 2, kPersistSmallH = 3, kAutoAlgo = 4 };
+constexpr const char* kAlgoNames[] = {"standard", "persist_static", "persist_dynamic", "persist_static_small_h"};
+
+cudnnRNNAlgo_t to_cudnn_algo(int a) {
+  switch (a) {
+    case kPersistStatic: return CUDNN_RNN_ALGO_PERSIST_STATIC;
+    case kPersistDynamic: return CUDNN_RNN_ALGO_PERSIST_DYNAMIC;
+    case kPersistSmallH: return CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H;
+    default: return CUDNN_RNN_ALGO_STANDARD;
+  }
 }
+
+int algo_from_option(const std::string& name) {
+  for (int a = 0; a < 4; ++a)
+    if (name == kAlgoNames[a]) return a;
+  if (name == "auto") return kAutoAlgo;
+  LSTM_THROW("unknown cudnn_algo '" << name
+                                    << "': expected one of standard, persist_static, persist_dynamic, "
+                                       "persist_static_small_h, auto");
+}
+
+// ---- RAII for cuDNN descriptors ----
+template <class H, cudnnStatus_t (*Create)(H*), cudnnStatus_t (*Destroy)(H)>
+class Desc {
+ public:
+  Desc() { LSTM_CUDA_CHECK(Create(&h_)); }
+  ~Desc() {
+    if (h_) Destroy(h_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  H get() const { return h_; }
+
+ private:
+  H h_ = nullptr;
+};
+using RnnDesc = Desc<cudnnRNNDescriptor_t, cudnnCreateRNNDescriptor, cudnnDestroyRNNDescriptor>;
+using RnnDataDesc = Desc<cudnnRNNDataDescriptor_t, cudnnCreateRNNDataDescriptor, cudnnDestroyRNNDataDescriptor>;
+using TensorDesc = Desc<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using DropoutDesc = Desc<cudnnDropoutDescriptor_t, cudnnCreateDropoutDescriptor, cudnnDestroyDropoutDescriptor>;
+
+// A case a cuDNN algorithm does not accept. "auto" skips such algorithms; everywhere else it
+// reaches the caller as the lstm::Error it is.
+class Rejected : public Error {
+ public:
+  explicit Rejected(const std::string& what) : Error(what) {}
+};
+
+// The case an algorithm is asked to run, for refusals; formatted only when one happens (it is
+// passed on every call). `spec` must outlive it.
+struct CaseText {
+  const LstmSpec* spec = nullptr;
+  DType dt = DType::F32;
+  int64_t B = 0, T = 0;
+  bool varlen = false;
+  std::string text() const {
+    const LstmSpec& s = *spec;
+    std::ostringstream os;
+    os << "input_size " << s.input_size << ", hidden_size " << s.hidden_size << ", proj_size " << s.proj_size << ", "
+       << s.num_layers << " layer(s), " << (s.bidirectional ? "bidirectional" : "unidirectional")
+       << (s.bias ? "" : ", no bias") << ", " << dtype_name(dt);
+    if (B > 0) os << ", batch " << B << ", " << T << " steps, " << (varlen ? "variable lengths" : "equal lengths");
+    return os.str();
+  }
+};
+
+CaseText case_str(const LstmSpec& s, DType dt, int64_t B, int64_t T, bool varlen) {
+  return {&s, dt, B, T, B > 0 && varlen};
+}
+
+// The limit a refusal most likely hit, from what cuDNN 9 was seen to refuse on an H200 (the
+// DISABLED_ProbeAlgorithmLimits test prints it) and PyTorch's notes, so that the message names it
+// and not only cuDNN's status.
+std::string limit_hint(int a, const CaseText& c) {
+  if (a == kStandard) return "";
+  const std::string name = kAlgoNames[a];
+  const std::string h = std::to_string(c.spec->hidden_size);
+  if (c.varlen)
+    return "cuDNN's persistent algorithms run only batches whose sequences all have the same length; this batch has "
+           "variable lengths";
+  if (c.spec->proj_size > 0) return name + " has no projection (proj_size) support; only standard has";
+  if (!c.spec->bias) return name + " needs the biases (bias=true); only standard runs bias=false";
+  switch (a) {
+    case kPersistSmallH:
+      return name + " is for small hidden sizes: up to 192 for inference and 128 for training (cuDNN 9.19 on an "
+                    "H200); hidden_size " + h + " is past that";
+    case kPersistStatic:
+      return name + " keeps the recurrent weights on chip: hidden sizes up to 1024 ran, 2048 was refused (cuDNN "
+                    "9.19 on an H200); hidden_size " + h + " is past what it takes here";
+    default:
+      return name + " compiles a persistent kernel for the shape (hidden sizes up to 2048 ran with cuDNN 9.19 on an "
+                    "H200); hidden_size " + h + " with this batch is past what it takes here";
+  }
+}
+
+bool is_rejection(cudnnStatus_t st, int algo) {
+  if (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED) return true;
+  // A persistent algorithm answers some shapes it cannot run with BAD_PARAM; for the standard
+  // algorithm BAD_PARAM would be our bug and is reported as such.
+  return algo != kStandard && CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM;
+}
+
+// Like LSTM_CUDA_CHECK, but a status that means "this algorithm does not do this case" becomes a
+// Rejected naming the algorithm, the case and the limit.
+void check_accepts(cudnnStatus_t st, int algo, const CaseText& what_case, const char* call, const char* file,
+                   int line, const char* expr) {
+  if (st == CUDNN_STATUS_SUCCESS) return;
+  if (is_rejection(st, algo)) {
+    char detail[512] = {0};
+    cudnnGetLastErrorString(detail, sizeof(detail));
+    std::ostringstream os;
+    os << "cuDNN " << kAlgoNames[algo] << " does not support this LSTM (" << what_case.text() << "): " << call
+       << " returned " << cudnnGetErrorString(st);
+    if (detail[0]) os << " (" << detail << ")";
+    const std::string lim = limit_hint(algo, what_case);
+    if (!lim.empty()) os << ". " << lim;
+    os << ". cudnn_algo \"standard\" runs every case; \"auto\" picks the fastest algorithm that accepts it";
+    throw Rejected(os.str());
+  }
+  cuda::check(st, file, line, expr);
+}
+#define LSTM_CUDNN_ACCEPTS(expr, algo, what_case, call) \
+  check_accepts((expr), (algo), (what_case), (call), __FILE__, __LINE__, #expr)
+
+cudnnDataType_t data_type(DType dt) {
+  switch (dt) {
+    case DType::F64: return CUDNN_DATA_DOUBLE;
+    case DType::F32: return CUDNN_DATA_FLOAT;
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::F16: return CUDNN_DATA_HALF;
+    default: break;
+  }
+  LSTM_THROW("the cuDNN LSTM computes in F32, BF16, F16 or F64, not " << dtype_name(dt));
+}
+
+// Half-precision data computes in fp32 on tensor cores; F32 data in plain fp32 FMA unless TF32 is
+// allowed (FMA_MATH rather than DEFAULT_MATH, which may pick TF32 kernels on Ampere and newer).
+void math_for(DType dt, bool allow_tf32, cudnnDataType_t* prec, cudnnMathType_t* math) {
+  switch (dt) {
+    case DType::F64:
+      *prec = CUDNN_DATA_DOUBLE;
+      *math = CUDNN_DEFAULT_MATH;
+      return;
+    case DType::F32:
+      *prec = CUDNN_DATA_FLOAT;
+      *math = allow_tf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH;
+      return;
+    default:
+      *prec = CUDNN_DATA_FLOAT;
+      *math = CUDNN_TENSOR_OP_MATH;
+      return;
+  }
+}
+
+// Padding value cuDNN writes into the outputs past each length: all-zero bits, which reads as 0 in
+// every float dtype (cuDNN reads it as the data descriptor's type).
+double g_zero_fill = 0.0;
+
+// ---- Weight layout ----
+
+int64_t desc_numel(cudnnTensorDescriptor_t d) {
+  cudnnDataType_t t;
+  int nb = 0;
+  int dims[8], strides[8];
+  LSTM_CUDA_CHECK(cudnnGetTensorNdDescriptor(d, 8, &t, &nb, dims, strides));
+  int64_t n = 1;
+  for (int i = 0; i < nb; ++i) n *= dims[i];
+  return n;
+}
+
+// Where each tensor of spec.param_names() lies in the weight space of `rnn`, in bytes.
+LstmBackend::FlatLayout compute_layout(cudnnHandle_t h, cudnnRNNDescriptor_t rnn, const LstmSpec& s, DType dt) {
+  LstmBackend::FlatLayout out;
+  LSTM_CUDA_CHECK(cudnnGetRNNWeightSpaceSize(h, rnn, &out.bytes));
+  // cudnnGetRNNWeightParams returns addresses inside the buffer it is given; a real (arena)
+  // buffer keeps that within what the API documents.
+  cuda::DeviceBuffer probe(out.bytes);
+  const char* base = static_cast<const char*>(probe.get());
+  TensorDesc mdesc, bdesc;
+  const size_t es = dtype_size(dt);
+  const int64_t H = s.hidden_size, P = s.proj_size, Hout = s.out_size(), D = s.directions();
+  out.offsets.assign(s.param_names().size(), 0);
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    for (int64_t d = 0; d < D; ++d) {
+      const int32_t pseudo = static_cast<int32_t>(l * D + d);
+      const int64_t In = s.layer_input_size(l);
+      auto where = [&](int32_t lin, bool bias, int64_t numel) -> size_t {
+        void* addr = nullptr;
+        if (bias)
+          LSTM_CUDA_CHECK(cudnnGetRNNWeightParams(h, rnn, pseudo, out.bytes, base, lin, nullptr, nullptr, bdesc.get(),
+                                                  &addr));
+        else
+          LSTM_CUDA_CHECK(cudnnGetRNNWeightParams(h, rnn, pseudo, out.bytes, base, lin, mdesc.get(), &addr, nullptr,
+                                                  nullptr));
+        LSTM_CHECK(addr, "cuDNN returned no address for linLayerID " << lin << " of pseudo-layer " << pseudo);
+        LSTM_CHECK(desc_numel(bias ? bdesc.get() : mdesc.get()) == numel,
+                   "cuDNN's linLayerID " << lin << " of pseudo-layer " << pseudo << " has "
+                                         << desc_numel(bias ? bdesc.get() : mdesc.get()) << " elements, expected "
+                                         << numel);
+        const size_t off = static_cast<size_t>(static_cast<const char*>(addr) - base);
+        LSTM_CHECK(off % es == 0 && off + static_cast<size_t>(numel) * es <= out.bytes,
+                   "cuDNN weight offset " << off << " is outside the weight space");
+        return off;
+      };
+      // One nn.LSTM tensor = cuDNN's four gates (linLayerIDs first..first+3, gate order i, f, g, o)
+      // back to back.
+      auto gates = [&](int32_t first, bool bias, int64_t per_gate) -> size_t {
+        const size_t off = where(first, bias, per_gate);
+        for (int32_t g = 1; g < 4; ++g)
+          LSTM_CHECK(where(first + g, bias, per_gate) == off + static_cast<size_t>(g * per_gate) * es,
+                     "cuDNN's gate " << g << " of linLayerID " << first << " (pseudo-layer " << pseudo
+                                     << ") does not follow gate " << g - 1 << "; nn.LSTM's layout cannot map onto it");
+        return off;
+      };
+      const auto sl = s.slots(l, d);
+      out.offsets[sl.w_ih] = gates(0, false, H * In);
+      out.offsets[sl.w_hh] = gates(4, false, H * Hout);
+      if (s.bias) {
+        out.offsets[sl.b_ih] = gates(0, true, H);
+        out.offsets[sl.b_hh] = gates(4, true, H);
+      }
+      if (P > 0) out.offsets[sl.w_hr] = where(8, false, P * H);
+    }
+  }
+  return out;
+}
+
+// ---- Per-call data descriptors ----
+struct DataDescs {
+  RnnDataDesc x, y;
+  Tensor dev_len;                // B int32 on the device (cuDNN's devSeqLengths)
+  std::vector<int32_t> lengths;  // what dev_len holds
+  bool padded = false;           // some sequence is shorter than T
+};
+
+// ---- A plan: everything that depends on (spec, dtype, algorithm, batch) but not on the lengths ----
+struct Plan {
+  int algo = kStandard;
+  LstmSpec spec;
+  DType dtype = DType::F32;
+  int64_t B = 0;
+  RnnDesc rnn;                                // without dropout
+  std::unique_ptr<RnnDesc> rnn_drop;          // with dropout; made on first training use
+  TensorDesc hdesc, cdesc;
+  LstmBackend::FlatLayout layout;
+  DataDescs infer;                            // reused by inference calls
+  int64_t infer_T = -1;
+  CaseText what;                              // case_str without batch
+};
+
+void set_rnn_desc(cudnnRNNDescriptor_t d, int algo, const LstmSpec& s, DType dt, bool allow_tf32,
+                  cudnnDropoutDescriptor_t drop, const CaseText& what) {
+  cudnnDataType_t prec;
+  cudnnMathType_t math;
+  math_for(dt, allow_tf32, &prec, &math);
+  // projSize == hiddenSize turns the projection off; padded I/O admits the unpacked layouts.
+  LSTM_CUDNN_ACCEPTS(
+      cudnnSetRNNDescriptor_v8(d, to_cudnn_algo(algo), CUDNN_LSTM, s.bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
+                               s.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
+                               data_type(dt), prec, math, static_cast<int32_t>(s.input_size),
+                               static_cast<int32_t>(s.hidden_size), static_cast<int32_t>(s.out_size()),
+                               static_cast<int32_t>(s.num_layers), drop, CUDNN_RNN_PADDED_IO_ENABLED),
+      algo, what, "cudnnSetRNNDescriptor_v8");
+}
+
+struct CudnnSaved : LstmSaved {
+  std::shared_ptr<Plan> plan;
+  std::shared_ptr<DataDescs> data;
+  bool dropout = false;
+  LstmSpec spec;
+  int64_t T = 0, B = 0;
+  DType dtype = DType::F32;
+  Tensor x;      // what cuDNN read (zero past each length)
+  Tensor y;      // the output
+  Tensor h0, c0; // undefined: zeros
+  cuda::DeviceBuffer reserve;
+  size_t reserve_bytes = 0;
+  mutable bool used = false;
+};
+
+bool in_place(const std::vector<Tensor>& ts, const LstmBackend::FlatLayout& layout, void** base) {
+  if (ts.empty() || layout.offsets.size() != ts.size()) return false;
+  char* b = static_cast<char*>(const_cast<void*>(ts[0].raw())) - layout.offsets[0];
+  for (size_t i = 0; i < ts.size(); ++i)
+    if (!ts[i].same_storage(ts[0]) || static_cast<const char*>(ts[i].raw()) != b + layout.offsets[i]) return false;
+  *base = b;
+  return true;
+}
+
+class CudnnBackend final : public CudnnLstmBackend {
+ public:
+  explicit CudnnBackend(const LstmOptions& o) : options_(o), algo_(algo_from_option(o.cudnn_algo)) {}
+
+  Algo algo() const override { return Algo::Cudnn; }
+  std::string last_algo() const override { return last_algo_; }
+  std::string auto_log() const override { return auto_log_; }
+
+  std::string unsupported_reason(const LstmSpec& spec, DType dtype, Device device) const override {
+    if (device != Device::CUDA) return "the cuDNN backend runs on CUDA devices only";
+    if (!cuda_available()) return cuda_unavailable_reason();
+    if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16 && dtype != DType::F64)
+      return std::string("the cuDNN backend computes in F32, BF16, F16 or F64, not ") + dtype_name(dtype);
+    if (dtype == DType::F64 && algo_ != kStandard && algo_ != kAutoAlgo)
+      return std::string("cuDNN ") + kAlgoNames[algo_] + " does not compute in F64; only \"standard\" does";
+    try {
+      spec.validate();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    if (algo_ == kAutoAlgo || algo_ == kStandard) return "";
+    // Ask cuDNN with descriptors (host-side calls, no GPU work): the RNN descriptor, the weight
+    // space and the temporary space for one step of one sequence. persist_dynamic is not probed
+    // past the descriptor: its temp-space query needs the NVRTC build for a batch size.
+    try {
+      cudnnHandle_t h = cuda::cudnn_handle();
+      DropoutDesc nodrop;
+      LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(nodrop.get(), h, 0.0f, nullptr, 0, 0));
+      RnnDesc rnn;
+      const CaseText what = case_str(spec, dtype, 0, 0, false);
+      set_rnn_desc(rnn.get(), algo_, spec, dtype, options_.allow_tf32, nodrop.get(), what);
+      size_t wbytes = 0;
+      LSTM_CUDNN_ACCEPTS(cudnnGetRNNWeightSpaceSize(h, rnn.get(), &wbytes), algo_, what, "cudnnGetRNNWeightSpaceSize");
+      if (algo_ != kPersistDynamic) {
+        RnnDataDesc x;
+        int32_t one = 1;
+        LSTM_CUDA_CHECK(cudnnSetRNNDataDescriptor(x.get(), data_type(dtype), CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, 1,
+                                                  1, static_cast<int>(spec.input_size), &one, &g_zero_fill));
+        for (cudnnForwardMode_t m : {CUDNN_FWD_MODE_INFERENCE, CUDNN_FWD_MODE_TRAINING}) {
+          size_t ws = 0, rs = 0;
+          LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(h, rnn.get(), m, x.get(), &ws, &rs), algo_, what,
+                             "cudnnGetRNNTempSpaceSizes");
+        }
+      }
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  FlatLayout flat_layout(const LstmSpec& spec, DType dtype) const override {
+    // "auto" may run any algorithm; every one is handed the standard layout and copies when its
+    // own differs (compute_layout is checked per plan).
+    const int a = algo_ == kAutoAlgo ? kStandard : algo_;
+    cudnnHandle_t h = cuda::cudnn_handle();
+    DropoutDesc nodrop;
+    LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(nodrop.get(), h, 0.0f, nullptr, 0, 0));
+    RnnDesc rnn;
+    set_rnn_desc(rnn.get(), a, spec, dtype, options_.allow_tf32, nodrop.get(), case_str(spec, dtype, 0, 0, false));
+    return compute_layout(h, rnn.get(), spec, dtype);
+  }
+
+  LstmOutput forward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmInput& in, bool training,
+                     Rng* rng, std::unique_ptr<LstmSaved>* saved) override {
+    auto [T, B] = check_lstm_input(spec, in, weights);
+    const DType dt = in.x.dtype();
+    LSTM_REQUIRE(in.x.device() == Device::CUDA, "cuDNN LSTM: the input must be on the GPU, got a "
+                                                    << device_name(in.x.device()) << " tensor");
+    (void)data_type(dt);
+    const bool with_dropout = training && spec.dropout > 0 && spec.num_layers > 1;
+    const bool train_mode = saved != nullptr || with_dropout;
+    if (with_dropout) ensure_dropout(spec.dropout, rng);
+
+    std::vector<int32_t> len(static_cast<size_t>(B), static_cast<int32_t>(T));
+    for (size_t b = 0; b < in.lengths.size(); ++b) len[b] = static_cast<int32_t>(in.lengths[b]);
+
+    int a = algo_;
+    if (a == kAutoAlgo) a = pick(spec, dt, T, B, len, train_mode, in, weights);
+    std::shared_ptr<Plan> plan = get_plan(spec, dt, a, B);
+
+    std::shared_ptr<DataDescs> fresh;
+    DataDescs* dd = nullptr;
+    if (train_mode) {
+      fresh = std::make_shared<DataDescs>();
+      dd = fresh.get();
+    } else {
+      dd = &plan->infer;
+    }
+    set_data(*plan, *dd, T, len);
+
+    // x as cuDNN reads it: zero past each length.
+    Tensor x = in.x;
+    if (dd->padded) {
+      x = Tensor::empty(in.x.shape(), dt, Device::CUDA);
+      cuda::mask_past_lengths(x.raw(), in.x.raw(), dtype_size(dt), T, B, spec.input_size, spec.batch_first,
+                              static_cast<const int32_t*>(dd->dev_len.raw()));
+    }
+    const void* w = weight_space(*plan, weights);
+
+    const int64_t LD = spec.num_layers * spec.directions();
+    LstmOutput out;
+    out.output = Tensor::empty(spec.batch_first ? Shape{B, T, spec.directions() * spec.out_size()}
+                                                : Shape{T, B, spec.directions() * spec.out_size()},
+                               dt, Device::CUDA);
+    out.h_n = Tensor::empty({LD, B, spec.out_size()}, dt, Device::CUDA);
+    out.c_n = Tensor::empty({LD, B, spec.hidden_size}, dt, Device::CUDA);
+
+    cudnnRNNDescriptor_t rnn = with_dropout ? dropout_rnn(*plan) : plan->rnn.get();
+    cuda::DeviceBuffer reserve;
+    size_t rs = 0;
+    run_forward(*plan, rnn, *dd, train_mode, x.raw(), out.output.raw(), in.h0.defined() ? in.h0.raw() : nullptr,
+                out.h_n.raw(), in.c0.defined() ? in.c0.raw() : nullptr, out.c_n.raw(), w, &reserve, &rs, T, B);
+    last_algo_ = kAlgoNames[a];
+
+    if (saved) {
+      auto sv = std::make_unique<CudnnSaved>();
+      sv->plan = plan;
+      sv->data = fresh;
+      sv->dropout = with_dropout;
+      sv->spec = spec;
+      sv->T = T;
+      sv->B = B;
+      sv->dtype = dt;
+      sv->x = x;
+      sv->y = out.output;
+      sv->h0 = in.h0;
+      sv->c0 = in.c0;
+      sv->reserve = std::move(reserve);
+      sv->reserve_bytes = rs;
+      *saved = std::move(sv);
+    }
+    return out;
+  }
+
+  LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmSaved& saved,
+                     const LstmGradOutput& grad, std::vector<Tensor>& d_weights) override {
+    const auto* sv = dynamic_cast<const CudnnSaved*>(&saved);
+    LSTM_REQUIRE(sv, "cuDNN LSTM backward: the saved state does not come from a cuDNN forward");
+    LSTM_REQUIRE(!sv->used, "cuDNN LSTM backward: runs once per training forward (cuDNN's backward consumes the "
+                            "forward's reserve space)");
+    LSTM_REQUIRE(spec == sv->spec, "cuDNN LSTM backward: the spec differs from the forward's");
+    const int64_t T = sv->T, B = sv->B, H = spec.hidden_size, Hout = spec.out_size(), D = spec.directions(),
+                  LD = spec.num_layers * D;
+    const DType dt = sv->dtype;
+    Plan& plan = *sv->plan;
+    DataDescs& dd = *sv->data;
+    const auto names = spec.param_names();
+    LSTM_REQUIRE(weights.size() == names.size() && d_weights.size() == names.size(),
+                 "cuDNN LSTM backward: expected " << names.size() << " weight and gradient tensors, got "
+                                                  << weights.size() << " and " << d_weights.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Shape want = spec.param_shape(names[i]);
+      LSTM_REQUIRE(weights[i].defined() && weights[i].shape() == want && weights[i].dtype() == dt &&
+                       weights[i].device() == Device::CUDA,
+                   "cuDNN LSTM backward: weight '" << names[i] << "' must be a CUDA " << dtype_name(dt) << " "
+                                                   << shape_str(want));
+      LSTM_REQUIRE(d_weights[i].defined() && d_weights[i].shape() == want && d_weights[i].dtype() == dt &&
+                       d_weights[i].device() == Device::CUDA,
+                   "cuDNN LSTM backward: gradient for '" << names[i] << "' must be a CUDA " << dtype_name(dt) << " "
+                                                         << shape_str(want));
+    }
+    auto check_grad = [&](const Tensor& t, const Shape& want, const char* what) {
+      if (!t.defined()) return;
+      LSTM_REQUIRE(t.shape() == want && t.dtype() == dt && t.device() == Device::CUDA,
+                   "cuDNN LSTM backward: " << what << " must be a CUDA " << dtype_name(dt) << " " << shape_str(want)
+                                           << ", got a " << device_name(t.device()) << " " << dtype_name(t.dtype())
+                                           << " " << t.shape_str());
+    };
+    const Shape yshape = sv->y.shape();
+    check_grad(grad.d_output, yshape, "d_output");
+    check_grad(grad.d_h_n, {LD, B, Hout}, "d_h_n");
+    check_grad(grad.d_c_n, {LD, B, H}, "d_c_n");
+    sv->used = true;
+
+    // dy as cuDNN reads it: zero past each length (d_output there is ignored, NaN included).
+    Tensor dy;
+    if (!grad.d_output.defined()) {
+      dy = Tensor::zeros(yshape, dt, Device::CUDA);
+    } else if (dd.padded) {
+      dy = Tensor::empty(yshape, dt, Device::CUDA);
+      cuda::mask_past_lengths(dy.raw(), grad.d_output.raw(), dtype_size(dt), T, B, D * Hout, spec.batch_first,
+                              static_cast<const int32_t*>(dd.dev_len.raw()));
+    } else {
+      dy = grad.d_output;
+    }
+    LstmGrads r;
+    r.d_x = Tensor::empty(sv->x.shape(), dt, Device::CUDA);
+    if (sv->h0.defined()) r.d_h0 = Tensor::empty({LD, B, Hout}, dt, Device::CUDA);
+    if (sv->c0.defined()) r.d_c0 = Tensor::empty({LD, B, H}, dt, Device::CUDA);
+
+    const void* w = weight_space(plan, weights);
+    cudnnRNNDescriptor_t rnn = sv->dropout ? dropout_rnn(plan) : plan.rnn.get();
+    cudnnHandle_t h = cuda::cudnn_handle();
+    const CaseText what = case_str(spec, dt, B, T, dd.padded);
+    size_t ws = 0, rs = 0;
+    LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(h, rnn, CUDNN_FWD_MODE_TRAINING, dd.x.get(), &ws, &rs), plan.algo,
+                       what, "cudnnGetRNNTempSpaceSizes");
+    LSTM_CHECK(rs == sv->reserve_bytes, "cuDNN reserve space changed between forward and backward");
+    workspace_.ensure(std::max<size_t>(ws, 1));
+    void* reserve = sv->reserve.get();
+    const void* hx = sv->h0.defined() ? sv->h0.raw() : nullptr;
+    const void* cx = sv->c0.defined() ? sv->c0.raw() : nullptr;
+    LSTM_CUDNN_ACCEPTS(
+        cudnnRNNBackwardData_v8(h, rnn, static_cast<const int32_t*>(dd.dev_len.raw()), dd.y.get(), sv->y.raw(),
+                                dy.raw(), dd.x.get(), r.d_x.raw(), plan.hdesc.get(), hx,
+                                grad.d_h_n.defined() ? grad.d_h_n.raw() : nullptr,
+                                r.d_h0.defined() ? r.d_h0.raw() : nullptr, plan.cdesc.get(), cx,
+                                grad.d_c_n.defined() ? grad.d_c_n.raw() : nullptr,
+                                r.d_c0.defined() ? r.d_c0.raw() : nullptr, plan.layout.bytes, w, ws,
+                                workspace_.get(), rs, reserve),
+        plan.algo, what, "cudnnRNNBackwardData_v8");
+
+    // cuDNN adds into the weight-gradient space (CUDNN_WGRAD_MODE_ADD), which is our contract when
+    // d_weights is that space; otherwise it adds into a zeroed scratch space that is then added
+    // into each tensor.
+    void* dw = nullptr;
+    const bool dw_in_place = in_place(d_weights, plan.layout, &dw);
+    if (!dw_in_place) {
+      dw_scratch_.ensure(plan.layout.bytes);
+      dw = dw_scratch_.get();
+      LSTM_CUDA_CHECK(cudaMemsetAsync(dw, 0, plan.layout.bytes, cuda::stream()));
+    }
+    LSTM_CUDNN_ACCEPTS(cudnnRNNBackwardWeights_v8(h, rnn, CUDNN_WGRAD_MODE_ADD,
+                                                  static_cast<const int32_t*>(dd.dev_len.raw()), dd.x.get(),
+                                                  sv->x.raw(), plan.hdesc.get(), hx, dd.y.get(), sv->y.raw(),
+                                                  plan.layout.bytes, dw, ws, workspace_.get(), rs, reserve),
+                       plan.algo, what, "cudnnRNNBackwardWeights_v8");
+    if (!dw_in_place)
+      for (size_t i = 0; i < names.size(); ++i)
+        cuda::add_into(d_weights[i].raw(), dt, static_cast<const char*>(dw) + plan.layout.offsets[i], dt,
+                       d_weights[i].numel());
+    if (dd.padded)
+      cuda::mask_past_lengths(r.d_x.raw(), r.d_x.raw(), dtype_size(dt), T, B, spec.input_size, spec.batch_first,
+                              static_cast<const int32_t*>(dd.dev_len.raw()));
+    return r;
+  }
+
+ private:
+  // ---- Plans ----
+  std::string plan_key(const LstmSpec& s, DType dt, int a, int64_t B) const {
+    std::ostringstream os;
+    os << s.input_size << ',' << s.hidden_size << ',' << s.num_layers << ',' << s.bidirectional << ',' << s.proj_size
+       << ',' << s.bias << ',' << s.batch_first << ',' << s.dropout << ',' << static_cast<int>(dt) << ',' << a << ','
+       << B;
+    return os.str();
+  }
+
+  std::shared_ptr<Plan> get_plan(const LstmSpec& s, DType dt, int a, int64_t B) {
+    const std::string key = plan_key(s, dt, a, B);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    // Shapes that come and go (e.g. the last partial batch) should not pile up; a saved forward
+    // keeps its own plan alive.
+    if (plans_.size() >= 32) plans_.clear();
+    auto p = std::make_shared<Plan>();
+    p->algo = a;
+    p->spec = s;
+    p->dtype = dt;
+    p->B = B;
+    p->what = case_str(p->spec, dt, 0, 0, false);
+    LSTM_REQUIRE(dt != DType::F64 || a == kStandard,
+                 "cuDNN " << kAlgoNames[a] << " does not compute in F64; only \"standard\" does");
+    cudnnHandle_t h = cuda::cudnn_handle();
+    set_rnn_desc(p->rnn.get(), a, s, dt, options_.allow_tf32, nodrop_desc(), p->what);
+    size_t wbytes = 0;
+    LSTM_CUDNN_ACCEPTS(cudnnGetRNNWeightSpaceSize(h, p->rnn.get(), &wbytes), a, p->what, "cudnnGetRNNWeightSpaceSize");
+    p->layout = compute_layout(h, p->rnn.get(), s, dt);
+    if (a == kPersistDynamic)
+      LSTM_CUDNN_ACCEPTS(cudnnBuildRNNDynamic(h, p->rnn.get(), static_cast<int>(B)), a,
+                         case_str(s, dt, B, 0, false), "cudnnBuildRNNDynamic");
+    const int64_t LD = s.num_layers * s.directions();
+    const int hdims[3] = {static_cast<int>(LD), static_cast<int>(B), static_cast<int>(s.out_size())};
+    const int hstr[3] = {static_cast<int>(B * s.out_size()), static_cast<int>(s.out_size()), 1};
+    LSTM_CUDA_CHECK(cudnnSetTensorNdDescriptor(p->hdesc.get(), data_type(dt), 3, hdims, hstr));
+    const int cdims[3] = {static_cast<int>(LD), static_cast<int>(B), static_cast<int>(s.hidden_size)};
+    const int cstr[3] = {static_cast<int>(B * s.hidden_size), static_cast<int>(s.hidden_size), 1};
+    LSTM_CUDA_CHECK(cudnnSetTensorNdDescriptor(p->cdesc.get(), data_type(dt), 3, cdims, cstr));
+    plans_[key] = p;
+    return p;
+  }
+
+  cudnnDropoutDescriptor_t nodrop_desc() {
+    if (!nodrop_) {
+      nodrop_ = std::make_unique<DropoutDesc>();
+      LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(nodrop_->get(), cuda::cudnn_handle(), 0.0f, nullptr, 0, 0));
+    }
+    return nodrop_->get();
+  }
+
+  // cuDNN's dropout state: allocated and seeded (from the caller's Rng) once; a new probability
+  // re-uses the state without re-seeding.
+  void ensure_dropout(double p, Rng* rng) {
+    cudnnHandle_t h = cuda::cudnn_handle();
+    if (!drop_) {
+      LSTM_REQUIRE(rng, "LSTM: dropout in training needs an Rng");
+      size_t bytes = 0;
+      LSTM_CUDA_CHECK(cudnnDropoutGetStatesSize(h, &bytes));
+      drop_states_ = cuda::DeviceBuffer(bytes);
+      drop_seed_ = rng->next_u64();
+      drop_ = std::make_unique<DropoutDesc>();
+      LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(drop_->get(), h, static_cast<float>(p), drop_states_.get(), bytes,
+                                                drop_seed_));
+      drop_p_ = p;
+    } else if (p != drop_p_) {
+      LSTM_CUDA_CHECK(cudnnRestoreDropoutDescriptor(drop_->get(), h, static_cast<float>(p), drop_states_.get(),
+                                                    drop_states_.size(), drop_seed_));
+      drop_p_ = p;
+      // Descriptors made with the old probability must not be used again.
+      for (auto& [k, pl] : plans_) pl->rnn_drop.reset();
+    }
+  }
+
+  cudnnRNNDescriptor_t dropout_rnn(Plan& p) {
+    LSTM_CHECK(drop_, "dropout descriptor used before it was made");
+    if (!p.rnn_drop) {
+      auto d = std::make_unique<RnnDesc>();
+      set_rnn_desc(d->get(), p.algo, p.spec, p.dtype, options_.allow_tf32, drop_->get(), p.what);
+      if (p.algo == kPersistDynamic)
+        LSTM_CUDNN_ACCEPTS(cudnnBuildRNNDynamic(cuda::cudnn_handle(), d->get(), static_cast<int>(p.B)), p.algo,
+                           p.what, "cudnnBuildRNNDynamic");
+      p.rnn_drop = std::move(d);
+    }
+    return p.rnn_drop->get();
+  }
+
+  void set_data(const Plan& p, DataDescs& dd, int64_t T, const std::vector<int32_t>& len) {
+    const LstmSpec& s = p.spec;
+    const int64_t B = static_cast<int64_t>(len.size());
+    bool padded = false;
+    for (int32_t l : len) padded = padded || l < T;
+    const cudnnRNNDataLayout_t layout =
+        s.batch_first ? CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED;
+    LSTM_CUDA_CHECK(cudnnSetRNNDataDescriptor(dd.x.get(), data_type(p.dtype), layout, static_cast<int>(T),
+                                              static_cast<int>(B), static_cast<int>(s.input_size), len.data(),
+                                              &g_zero_fill));
+    LSTM_CUDA_CHECK(cudnnSetRNNDataDescriptor(dd.y.get(), data_type(p.dtype), layout, static_cast<int>(T),
+                                              static_cast<int>(B), static_cast<int>(s.directions() * s.out_size()),
+                                              len.data(), &g_zero_fill));
+    if (!dd.dev_len.defined() || dd.dev_len.numel() != B) {
+      dd.dev_len = Tensor::empty({B}, DType::I32, Device::CUDA);
+      dd.lengths.clear();
+    }
+    if (dd.lengths != len) {
+      cuda::upload_int32(static_cast<int32_t*>(dd.dev_len.raw()), len.data(), B);
+      dd.lengths = len;
+    }
+    dd.padded = padded;
+  }
+
+  // The weight space for `weights`: their own buffer when they are views at the plan's offsets,
+  // else a cached buffer they are copied into.
+  const void* weight_space(const Plan& p, const std::vector<Tensor>& weights) {
+    void* base = nullptr;
+    if (in_place(weights, p.layout, &base)) return base;
+    if (w_copy_.size() < p.layout.bytes) {
+      w_copy_.ensure(p.layout.bytes);
+      // Gaps between tensors (if cuDNN leaves any) hold zeros rather than arena leftovers.
+      LSTM_CUDA_CHECK(cudaMemsetAsync(w_copy_.get(), 0, w_copy_.size(), cuda::stream()));
+    }
+    for (size_t i = 0; i < weights.size(); ++i)
+      LSTM_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(w_copy_.get()) + p.layout.offsets[i], weights[i].raw(),
+                                      weights[i].nbytes(), cudaMemcpyDeviceToDevice, cuda::stream()));
+    return w_copy_.get();
+  }
+
+  // One cudnnRNNForward. In training mode the reserve space is allocated into *reserve.
+  void run_forward(const Plan& p, cudnnRNNDescriptor_t rnn, const DataDescs& dd, bool train_mode, const void* x,
+                   void* y, const void* hx, void* hy, const void* cx, void* cy, const void* w,
+                   cuda::DeviceBuffer* reserve, size_t* reserve_bytes, int64_t T, int64_t B) {
+    cudnnHandle_t h = cuda::cudnn_handle();
+    const cudnnForwardMode_t mode = train_mode ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE;
+    const CaseText what = case_str(p.spec, p.dtype, B, T, dd.padded);
+    size_t ws = 0, rs = 0;
+    LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(h, rnn, mode, dd.x.get(), &ws, &rs), p.algo, what,
+                       "cudnnGetRNNTempSpaceSizes");
+    workspace_.ensure(std::max<size_t>(ws, 1));
+    void* rptr = nullptr;
+    if (train_mode) {
+      *reserve = cuda::DeviceBuffer(std::max<size_t>(rs, 1));
+      rptr = reserve->get();
+    } else {
+      rs = 0;
+    }
+    *reserve_bytes = rs;
+    LSTM_CUDNN_ACCEPTS(cudnnRNNForward(h, rnn, mode, static_cast<const int32_t*>(dd.dev_len.raw()), dd.x.get(), x,
+                                       dd.y.get(), y, p.hdesc.get(), hx, hy, p.cdesc.get(), cx, cy, p.layout.bytes, w,
+                                       ws, workspace_.get(), rs, rptr),
+                       p.algo, what, "cudnnRNNForward");
+  }
+
+  // ---- "auto": time each algorithm that accepts the case once, keep the fastest ----
+  int pick(const LstmSpec& s, DType dt, int64_t T, int64_t B, const std::vector<int32_t>& len, bool train_mode,
+           const LstmInput& in, const std::vector<Tensor>& weights) {
+    bool padded = false;
+    for (int32_t l : len) padded = padded || l < T;
+    std::ostringstream ks;
+    ks << plan_key(s, dt, 0, B) << ',' << T << ',' << train_mode << ',' << padded;
+    auto it = auto_choice_.find(ks.str());
+    if (it != auto_choice_.end()) return it->second;
+
+    std::ostringstream log;
+    log << "cuDNN auto (" << case_str(s, dt, B, T, padded).text() << ", " << (train_mode ? "training" : "inference") << "):";
+    int best = -1;
+    float best_ms = 0;
+    cudaEvent_t e0, e1;
+    LSTM_CUDA_CHECK(cudaEventCreate(&e0));
+    LSTM_CUDA_CHECK(cudaEventCreate(&e1));
+    struct EventGuard {
+      cudaEvent_t a, b;
+      ~EventGuard() {
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
+    } guard{e0, e1};
+    const int64_t LD = s.num_layers * s.directions();
+    Tensor x = in.x;
+    if (padded) x = Tensor::zeros(in.x.shape(), dt, Device::CUDA);  // timing only: values do not matter
+    Tensor y = Tensor::empty(s.batch_first ? Shape{B, T, s.directions() * s.out_size()}
+                                           : Shape{T, B, s.directions() * s.out_size()},
+                             dt, Device::CUDA);
+    Tensor hy = Tensor::empty({LD, B, s.out_size()}, dt, Device::CUDA);
+    Tensor cy = Tensor::empty({LD, B, s.hidden_size}, dt, Device::CUDA);
+    Tensor dy = train_mode ? Tensor::zeros(y.shape(), dt, Device::CUDA) : Tensor();
+    Tensor dx = train_mode ? Tensor::empty(x.shape(), dt, Device::CUDA) : Tensor();
+    for (int a = 0; a < 4; ++a) {
+      if (dt == DType::F64 && a != kStandard) continue;
+      // cuDNN 9 refuses variable lengths in the persistent algorithms at the first call; asking
+      // would only cost persist_dynamic's run-time compilation.
+      if (padded && a != kStandard) {
+        log << ' ' << kAlgoNames[a] << " skipped (variable lengths);";
+        continue;
+      }
+      try {
+        std::shared_ptr<Plan> p = get_plan(s, dt, a, B);
+        DataDescs dd;
+        set_data(*p, dd, T, len);
+        const void* w = weight_space(*p, weights);
+        cuda::DeviceBuffer dwb;
+        if (train_mode) {
+          dwb = cuda::DeviceBuffer(p->layout.bytes);
+          LSTM_CUDA_CHECK(cudaMemsetAsync(dwb.get(), 0, p->layout.bytes, cuda::stream()));
+        }
+        auto once = [&]() {
+          cuda::DeviceBuffer reserve;
+          size_t rs = 0;
+          run_forward(*p, p->rnn.get(), dd, train_mode, x.raw(), y.raw(), nullptr, hy.raw(), nullptr, cy.raw(), w,
+                      &reserve, &rs, T, B);
+          if (!train_mode) return;
+          cudnnHandle_t h = cuda::cudnn_handle();
+          const CaseText what = case_str(s, dt, B, T, padded);
+          size_t ws = workspace_.size();
+          LSTM_CUDNN_ACCEPTS(cudnnRNNBackwardData_v8(h, p->rnn.get(), static_cast<const int32_t*>(dd.dev_len.raw()),
+                                                     dd.y.get(), y.raw(), dy.raw(), dd.x.get(), dx.raw(),
+                                                     p->hdesc.get(), nullptr, nullptr, nullptr, p->cdesc.get(),
+                                                     nullptr, nullptr, nullptr, p->layout.bytes, w, ws,
+                                                     workspace_.get(), rs, reserve.get()),
+                             a, what, "cudnnRNNBackwardData_v8");
+          LSTM_CUDNN_ACCEPTS(cudnnRNNBackwardWeights_v8(h, p->rnn.get(), CUDNN_WGRAD_MODE_ADD,
+                                                        static_cast<const int32_t*>(dd.dev_len.raw()), dd.x.get(),
+                                                        x.raw(), p->hdesc.get(), nullptr, dd.y.get(), y.raw(),
+                                                        p->layout.bytes, dwb.get(), ws, workspace_.get(), rs,
+                                                        reserve.get()),
+                             a, what, "cudnnRNNBackwardWeights_v8");
+        };
+        once();  // warm-up; also where a rejection at call time shows
+        LSTM_CUDA_CHECK(cudaEventRecord(e0, cuda::stream()));
+        const int reps = 3;
+        for (int r = 0; r < reps; ++r) once();
+        LSTM_CUDA_CHECK(cudaEventRecord(e1, cuda::stream()));
+        LSTM_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        log << ' ' << kAlgoNames[a] << ' ' << ms << " ms;";
+        if (best < 0 || ms < best_ms) {
+          best = a;
+          best_ms = ms;
+        }
+      } catch (const Rejected&) {
+        log << ' ' << kAlgoNames[a] << " rejects the case;";
+      }
+    }
+    LSTM_CHECK(best >= 0, "cuDNN auto: no algorithm accepted the case, not even standard");
+    log << " picked " << kAlgoNames[best] << '\n';
+    auto_log_ += log.str();
+    auto_choice_[ks.str()] = best;
+    return best;
+  }
+
+  LstmOptions options_;
+  int algo_;
+  // Declared before the plans: RNN descriptors made with these must go first.
+  std::unique_ptr<DropoutDesc> nodrop_, drop_;
+  cuda::DeviceBuffer drop_states_;
+  unsigned long long drop_seed_ = 0;
+  double drop_p_ = 0;
+  std::map<std::string, std::shared_ptr<Plan>> plans_;
+  std::map<std::string, int> auto_choice_;
+  cuda::DeviceBuffer workspace_, w_copy_, dw_scratch_;
+  std::string last_algo_, auto_log_;
+};
+
+}  // namespace
+
+std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions& options) {
+  return std::make_unique<CudnnBackend>(options);
+}
+
 }  // namespace lstm

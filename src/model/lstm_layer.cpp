@@ -1,8 +1,19 @@
 // The LSTM as a Layer: owns nn.LSTM's parameters, delegates the computation to an LstmBackend.
+//
+// On the GPU (place with Device::CUDA) the parameters and gradients are F32 views into one flat
+// buffer laid out as the backend's weight space (flat_layout), so at f32/tf32 the backend reads
+// the weights and adds the gradients in place. At bf16/f16 those F32 buffers are the master
+// copies: each forward converts them into a flat half-precision weight space, and each backward's
+// half-precision gradients are added into the F32 gradients. Activations arrive and leave as F32.
 #include <cmath>
 #include <cstring>
 
+#include "lstm/device.hpp"
 #include "lstm/layers.hpp"
+#if LSTM_HAVE_CUDA
+#include "core/cuda_rt.hpp"
+#include "cudnn/lstm_cudnn_kernels.hpp"
+#endif
 
 namespace lstm {
 namespace {
@@ -37,9 +48,22 @@ class LstmLayer final : public Layer {
     dtype_ = dtype;
     return {output_ == "h_n" ? SignalKind::Vector : SignalKind::Sequence, spec_.directions() * spec_.out_size()};
   }
-  void init(Rng& rng) override { lstm_init_weights(spec_, weights_, rng); }
+  void init(Rng& rng) override {
+    if (weights_.empty() || weights_[0].device() == Device::CPU) {
+      lstm_init_weights(spec_, weights_, rng);
+      return;
+    }
+    // Drawn on the CPU, so that a model initialises to the same values wherever it is placed.
+    std::vector<Tensor> host;
+    for (const auto& w : weights_) host.push_back(Tensor::empty(w.shape(), dtype_));
+    lstm_init_weights(spec_, host, rng);
+    for (size_t i = 0; i < host.size(); ++i) weights_[i].copy_(host[i]);
+  }
 
   Act forward(const Act& in, bool training, Rng& rng) override {
+#if LSTM_HAVE_CUDA
+    if (placement_.device == Device::CUDA) return forward_gpu(in, training, rng);
+#endif
     LstmBackend& be = lstm_backend(algo_, spec_, in.data.dtype(), Device::CPU);
     LstmInput li{in.data, in.lengths, {}, {}};
     if (stateful_ && state_h_.defined() && state_h_.size(1) == in.data.size(1) && state_h_.dtype() == in.data.dtype()) {
@@ -60,6 +84,9 @@ class LstmLayer final : public Layer {
 
   Act backward(const Act& grad_out) override {
     LSTM_REQUIRE(saved_, "lstm layer: backward called without a training-mode forward");
+#if LSTM_HAVE_CUDA
+    if (placement_.device == Device::CUDA) return backward_gpu(grad_out);
+#endif
     LstmGradOutput g;
     if (output_ == "sequence") {
       g.d_output = grad_out.data;
@@ -77,8 +104,65 @@ class LstmLayer final : public Layer {
   }
 
   void place(const Placement& p) override {
-    LSTM_REQUIRE(p.device == Device::CPU, "lstm layer: the GPU path is not built yet");
+    LSTM_REQUIRE(!weights_.empty(), "lstm layer: place() before build()");
+    saved_.reset();
+    state_h_ = Tensor();
+    state_c_ = Tensor();
+    if (p.device == Device::CPU) {
+      if (weights_[0].device() != Device::CPU) {
+        for (auto* ts : {&weights_, &grads_})
+          for (auto& t : *ts) {
+            Tensor h = Tensor::empty(t.shape(), dtype_);
+            h.copy_(t);
+            t = h;
+          }
+      }
+      drop_gpu();
+      placement_ = p;
+      return;
+    }
+#if LSTM_HAVE_CUDA
+    require_cuda("placing an LSTM layer on the GPU");
+    LSTM_REQUIRE(dtype_ == DType::F32, "lstm layer: on the GPU parameters are F32 (master weights), the layer has "
+                                           << dtype_name(dtype_));
+    LSTM_REQUIRE(p.precision != Precision::F64, "lstm layer: f64 runs on the CPU only");
+    LstmOptions o = p.lstm;
+    // Auto keeps the layer's own algorithm when it runs on the GPU; the reference does not.
+    if (o.algo == Algo::Auto && algo_ != Algo::Reference) o.algo = algo_;
+    o.allow_tf32 = p.precision == Precision::TF32;
+    const DType compute = precision_dtype(p.precision);
+    std::unique_ptr<LstmBackend> be = make_lstm_backend(o, spec_, compute, Device::CUDA);
+    // Master weights and gradients: F32 in the backend's F32 layout (its weight space at f32/tf32).
+    layout32_ = be->flat_layout(spec_, DType::F32);
+    Tensor wf = flat_buffer(layout32_, DType::F32), gf = flat_buffer(layout32_, DType::F32);
+    std::vector<Tensor> w = views(wf, layout32_, DType::F32), g = views(gf, layout32_, DType::F32);
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i].copy_(weights_[i]);
+      g[i].copy_(grads_[i]);
+    }
+    drop_gpu();
+    weights_ = w;
+    grads_ = g;
+    w_flat_ = wf;
+    g_flat_ = gf;
+    compute_ = compute;
+    if (compute != DType::F32) {
+      layout_h_ = be->flat_layout(spec_, compute);
+      wh_flat_ = flat_buffer(layout_h_, compute);
+      gh_flat_ = flat_buffer(layout_h_, compute);
+      wh_ = views(wh_flat_, layout_h_, compute);
+      gh_ = views(gh_flat_, layout_h_, compute);
+      // One conversion over the whole buffer when both layouts put every tensor at the same
+      // element offset.
+      same_elems_ = w_flat_.defined() && wh_flat_.defined() && w_flat_.numel() == wh_flat_.numel();
+      for (size_t i = 0; same_elems_ && i < layout32_.offsets.size(); ++i)
+        same_elems_ = layout32_.offsets[i] / 4 == layout_h_.offsets[i] / dtype_size(compute);
+    }
+    gpu_ = std::move(be);
     placement_ = p;
+#else
+    require_cuda("placing an LSTM layer on the GPU");
+#endif
   }
 
   void set_stateful(bool on) override {
@@ -108,7 +192,7 @@ class LstmLayer final : public Layer {
  private:
   // [L*D, B, Hout] -> [B, D*Hout] for the last layer, forward direction first.
   Tensor last_layer_h(Tensor h_n) const {
-    Tensor v = Tensor::empty({h_n.size(1), spec_.directions() * spec_.out_size()}, h_n.dtype());
+    Tensor v = Tensor::empty({h_n.size(1), spec_.directions() * spec_.out_size()}, h_n.dtype(), h_n.device());
     copy_last_layer(h_n, v, /*to_vector=*/true);
     return v;
   }
@@ -119,6 +203,22 @@ class LstmLayer final : public Layer {
     const size_t es = dtype_size(states.dtype()), row = static_cast<size_t>(Hout) * es;
     auto* st = static_cast<uint8_t*>(states.raw());
     auto* vc = static_cast<uint8_t*>(vec.raw());
+    if (states.device() == Device::CUDA) {
+#if LSTM_HAVE_CUDA
+      // One strided copy per direction: B rows of Hout values, D*Hout apart in the vector.
+      for (int64_t d = 0; d < D; ++d) {
+        uint8_t* sp = st + static_cast<size_t>(((L - 1) * D + d) * B) * row;
+        uint8_t* vp = vc + static_cast<size_t>(d) * row;
+        if (to_vector)
+          LSTM_CUDA_CHECK(cudaMemcpy2DAsync(vp, D * row, sp, row, row, static_cast<size_t>(B),
+                                            cudaMemcpyDeviceToDevice, cuda::stream()));
+        else
+          LSTM_CUDA_CHECK(cudaMemcpy2DAsync(sp, row, vp, D * row, row, static_cast<size_t>(B),
+                                            cudaMemcpyDeviceToDevice, cuda::stream()));
+      }
+#endif
+      return;
+    }
     for (int64_t d = 0; d < D; ++d)
       for (int64_t b = 0; b < B; ++b) {
         uint8_t* sp = st + static_cast<size_t>(((L - 1) * D + d) * B + b) * row;
@@ -128,6 +228,107 @@ class LstmLayer final : public Layer {
         else
           std::memcpy(sp, vp, row);
       }
+  }
+
+#if LSTM_HAVE_CUDA
+  // A zeroed flat buffer of layout.bytes (undefined when the backend has no flat layout).
+  static Tensor flat_buffer(const LstmBackend::FlatLayout& layout, DType dt) {
+    if (layout.offsets.empty()) return Tensor();
+    return Tensor::zeros({static_cast<int64_t>(layout.bytes / dtype_size(dt))}, dt, Device::CUDA);
+  }
+  // Tensors of param_names() as views into `flat` at the layout's offsets (separate zeroed tensors
+  // when there is no flat buffer).
+  std::vector<Tensor> views(const Tensor& flat, const LstmBackend::FlatLayout& layout, DType dt) const {
+    std::vector<Tensor> out;
+    const auto names = spec_.param_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Shape shape = spec_.param_shape(names[i]);
+      if (!flat.defined()) {
+        out.push_back(Tensor::zeros(shape, dt, Device::CUDA));
+        continue;
+      }
+      const int64_t begin = static_cast<int64_t>(layout.offsets[i] / dtype_size(dt));
+      out.push_back(flat.slice0(begin, begin + shape_numel(shape)).reshape(shape));
+    }
+    return out;
+  }
+
+  Act forward_gpu(const Act& in, bool training, Rng& rng) {
+    LSTM_REQUIRE(in.data.device() == Device::CUDA && in.data.dtype() == DType::F32,
+                 "lstm layer: placed on the GPU, expects a CUDA F32 input, got a " << device_name(in.data.device())
+                                                                                   << " " << dtype_name(in.data.dtype())
+                                                                                   << " tensor");
+    LSTM_REQUIRE(in.data.dim() == 3, "lstm layer: expected a sequence [T, B, F], got " << in.data.shape_str());
+    const std::vector<Tensor>* w = &weights_;
+    if (compute_ != DType::F32) {
+      if (same_elems_)
+        wh_flat_.copy_(w_flat_);
+      else
+        for (size_t i = 0; i < wh_.size(); ++i) wh_[i].copy_(weights_[i]);
+      w = &wh_;
+    }
+    LstmInput li{compute_ == DType::F32 ? in.data : in.data.to(compute_), in.lengths, {}, {}};
+    if (stateful_ && state_h_.defined() && state_h_.size(1) == in.data.size(1) && state_h_.dtype() == compute_ &&
+        state_h_.device() == Device::CUDA) {
+      li.h0 = state_h_;
+      li.c0 = state_c_;
+    }
+    saved_.reset();
+    LstmOutput out = gpu_->forward(spec_, *w, li, training, &rng, training ? &saved_ : nullptr);
+    if (stateful_) {
+      state_h_ = out.h_n;
+      state_c_ = out.c_n;
+    }
+    B_ = in.data.size(1);
+    Tensor y = output_ == "sequence" ? out.output : last_layer_h(out.h_n);
+    return {y.dtype() == DType::F32 ? y : y.to(DType::F32), in.lengths};
+  }
+
+  Act backward_gpu(const Act& grad_out) {
+    LSTM_REQUIRE(grad_out.data.device() == Device::CUDA && grad_out.data.dtype() == DType::F32,
+                 "lstm layer: placed on the GPU, expects a CUDA F32 gradient, got a "
+                     << device_name(grad_out.data.device()) << " " << dtype_name(grad_out.data.dtype()) << " tensor");
+    Tensor gd = grad_out.data.dtype() == compute_ ? grad_out.data : grad_out.data.to(compute_);
+    LstmGradOutput g;
+    if (output_ == "sequence") {
+      g.d_output = gd;
+    } else {
+      const int64_t D = spec_.directions(), Hout = spec_.out_size(), L = spec_.num_layers;
+      LSTM_REQUIRE(gd.shape() == (Shape{B_, D * Hout}),
+                   "lstm layer: gradient must be " << shape_str({B_, D * Hout}) << ", got " << gd.shape_str());
+      g.d_h_n = Tensor::zeros({L * D, B_, Hout}, compute_, Device::CUDA);
+      copy_last_layer(g.d_h_n, gd, /*to_vector=*/false);
+    }
+    LstmGrads r;
+    if (compute_ == DType::F32) {
+      r = gpu_->backward(spec_, weights_, *saved_, g, grads_);
+    } else {
+      // The backend adds into its gradients: start them at zero, then add them into the F32 ones.
+      if (gh_flat_.defined())
+        gh_flat_.zero_();
+      else
+        for (auto& t : gh_) t.zero_();
+      r = gpu_->backward(spec_, wh_, *saved_, g, gh_);
+      if (same_elems_)
+        cuda::add_into(g_flat_.raw(), DType::F32, gh_flat_.raw(), compute_, g_flat_.numel());
+      else
+        for (size_t i = 0; i < gh_.size(); ++i)
+          cuda::add_into(grads_[i].raw(), DType::F32, gh_[i].raw(), compute_, gh_[i].numel());
+    }
+    saved_.reset();
+    return {r.d_x.dtype() == DType::F32 ? r.d_x : r.d_x.to(DType::F32), grad_out.lengths};
+  }
+#endif
+
+  // Forgets everything that belongs to a GPU placement (not the parameters).
+  void drop_gpu() {
+    gpu_.reset();
+    w_flat_ = g_flat_ = wh_flat_ = gh_flat_ = Tensor();
+    wh_.clear();
+    gh_.clear();
+    layout32_ = layout_h_ = {};
+    same_elems_ = false;
+    compute_ = DType::F32;
   }
 
   Placement placement_;
@@ -141,6 +342,14 @@ class LstmLayer final : public Layer {
   int64_t B_ = 0;
   bool stateful_ = false;
   Tensor state_h_, state_c_;
+  // GPU placement: the backend, the flat F32 master buffers behind weights_/grads_, and at bf16/f16
+  // the half-precision weight and gradient spaces.
+  std::unique_ptr<LstmBackend> gpu_;
+  DType compute_ = DType::F32;
+  LstmBackend::FlatLayout layout32_, layout_h_;
+  Tensor w_flat_, g_flat_, wh_flat_, gh_flat_;
+  std::vector<Tensor> wh_, gh_;
+  bool same_elems_ = false;
 };
 
 }  // namespace

@@ -143,8 +143,11 @@ std::pair<int64_t, int64_t> check_lstm_input(const LstmSpec& spec, const LstmInp
   LSTM_REQUIRE(T > 0 && B > 0, "LSTM: input has no steps or no batch: " << in.x.shape_str());
   LSTM_REQUIRE(in.x.size(2) == spec.input_size,
                "LSTM: input feature size must be input_size=" << spec.input_size << ", got " << in.x.size(2));
-  LSTM_REQUIRE(in.x.dtype() == DType::F32 || in.x.dtype() == DType::F64,
-               "LSTM: input dtype must be F32 or F64, got " << dtype_name(in.x.dtype()));
+  // Which float dtypes a backend computes in is its own unsupported_reason's business (BF16/F16
+  // run on the GPU only).
+  LSTM_REQUIRE(in.x.dtype() == DType::F32 || in.x.dtype() == DType::F64 || in.x.dtype() == DType::BF16 ||
+                   in.x.dtype() == DType::F16,
+               "LSTM: input dtype must be F32, F64, BF16 or F16, got " << dtype_name(in.x.dtype()));
   auto names = spec.param_names();
   LSTM_REQUIRE(weights.size() == names.size(),
                "LSTM: expected " << names.size() << " weight tensors, got " << weights.size());
@@ -155,6 +158,10 @@ std::pair<int64_t, int64_t> check_lstm_input(const LstmSpec& spec, const LstmInp
     LSTM_REQUIRE(weights[i].dtype() == in.x.dtype(), "LSTM: weight '" << names[i] << "' has dtype "
                                                                       << dtype_name(weights[i].dtype())
                                                                       << ", input has " << dtype_name(in.x.dtype()));
+    LSTM_REQUIRE(weights[i].device() == in.x.device(), "LSTM: weight '" << names[i] << "' is on the "
+                                                                        << device_name(weights[i].device())
+                                                                        << ", the input on the "
+                                                                        << device_name(in.x.device()));
   }
   if (!in.lengths.empty()) {
     LSTM_REQUIRE(static_cast<int64_t>(in.lengths.size()) == B,
@@ -169,12 +176,18 @@ std::pair<int64_t, int64_t> check_lstm_input(const LstmSpec& spec, const LstmInp
     LSTM_REQUIRE(in.h0.shape() == want, "LSTM: h0 must be " << shape_str(want) << ", got " << in.h0.shape_str());
     LSTM_REQUIRE(in.h0.dtype() == in.x.dtype(), "LSTM: h0 dtype " << dtype_name(in.h0.dtype()) << " differs from input "
                                                                   << dtype_name(in.x.dtype()));
+    LSTM_REQUIRE(in.h0.device() == in.x.device(), "LSTM: h0 is on the " << device_name(in.h0.device())
+                                                                       << ", the input on the "
+                                                                       << device_name(in.x.device()));
   }
   if (in.c0.defined()) {
     Shape want{LD, B, spec.hidden_size};
     LSTM_REQUIRE(in.c0.shape() == want, "LSTM: c0 must be " << shape_str(want) << ", got " << in.c0.shape_str());
     LSTM_REQUIRE(in.c0.dtype() == in.x.dtype(), "LSTM: c0 dtype " << dtype_name(in.c0.dtype()) << " differs from input "
                                                                   << dtype_name(in.x.dtype()));
+    LSTM_REQUIRE(in.c0.device() == in.x.device(), "LSTM: c0 is on the " << device_name(in.c0.device())
+                                                                       << ", the input on the "
+                                                                       << device_name(in.x.device()));
   }
   return {T, B};
 }

@@ -1,0 +1,21 @@
+// What the cuDNN LSTM backend tells beyond LstmBackend (internal; CUDA builds only). The object
+// make_cudnn_lstm_backend returns is a CudnnLstmBackend: dynamic_cast to read these.
+#pragma once
+
+#include <string>
+
+#include "lstm/lstm.hpp"
+
+namespace lstm {
+
+class CudnnLstmBackend : public LstmBackend {
+ public:
+  // cuDNN's algorithm the last forward ran ("standard", "persist_static", ...; for cudnn_algo
+  // "auto" the one picked); "" before the first forward.
+  virtual std::string last_algo() const = 0;
+  // One line per choice "auto" made so far: the case, each algorithm's time (or why it was left
+  // out) and the pick.
+  virtual std::string auto_log() const = 0;
+};
+
+}  // namespace lstm
