@@ -1,11 +1,17 @@
 #include "lstm/layers.hpp"
 
+#include <climits>
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <sstream>
 
 #include "cpu/ops.hpp"
+#if LSTM_HAVE_CUDA
+#include "core/cuda_rt.hpp"
+#include "cuda/layers.hpp"
+#endif
 
 namespace lstm {
 
@@ -60,15 +66,47 @@ class LayerBase : public Layer {
     return out_;
   }
 
-  // Layers without parameters only record where they run.
+  // Moves the parameters (values and gradients) to p.device. What the last forward saved for
+  // backward lives on the old device and is dropped: backward needs a new forward.
   void place(const Placement& p) override {
-    LSTM_REQUIRE(p.device == Device::CPU, describe() << ": the GPU path of this layer is not built yet");
+    LSTM_REQUIRE(built_, describe() << ": place() before build()");
+    if (p.device == Device::CUDA) {
+      require_cuda(describe() + " on the GPU");
+      LSTM_REQUIRE(dtype_ == DType::F32, describe() << ": on the GPU parameters and activations are F32, the layer "
+                                                    << "was built with " << dtype_name(dtype_));
+      LSTM_REQUIRE(p.precision != Precision::F64,
+                   describe() << ": f64 runs on the CPU only; on the GPU use f32, tf32, bf16 or f16");
+    }
+    for (Param* prm : owned_params()) {
+      prm->value = prm->value.to_device(p.device);
+      prm->grad = prm->grad.to_device(p.device);
+    }
     placement_ = p;
+    saved_ = false;
+    drop_saved();
   }
 
  protected:
   Placement placement_;
   virtual Signal build_impl(const Signal& in) = 0;
+  // The layer's own Param members, for place() to move.
+  virtual std::vector<Param*> owned_params() { return {}; }
+  // Releases what forward saved for backward.
+  virtual void drop_saved() {}
+
+  bool on_gpu() const { return placement_.device == Device::CUDA; }
+
+  // Runs a CPU initialiser (Rng draws on the host) on a parameter wherever it lives: on the GPU
+  // the values are drawn into a host tensor and copied, so a seed gives the same weights on both.
+  static void init_param(Tensor& value, const std::function<void(Tensor&)>& fill) {
+    if (value.device() == Device::CPU) {
+      fill(value);
+      return;
+    }
+    Tensor h = Tensor::empty(value.shape(), value.dtype());
+    fill(h);
+    value.copy_(h);
+  }
 
   void require_kind(const Signal& in, std::initializer_list<SignalKind> kinds) const {
     for (SignalKind k : kinds)
@@ -103,9 +141,13 @@ class LayerBase : public Layer {
                      name << ": expected a vector [B, " << in_.features << "], got " << x.shape_str());
         break;
     }
-    if (in_.kind != SignalKind::Tokens)
+    if (in_.kind != SignalKind::Tokens) {
       LSTM_REQUIRE(x.dtype() == dtype_,
                    name << ": expected " << dtype_name(dtype_) << " input, got " << dtype_name(x.dtype()));
+      LSTM_REQUIRE(x.device() == placement_.device, name << ": the input is on the " << device_name(x.device())
+                                                         << ", the layer on the " << device_name(placement_.device)
+                                                         << " (place() moves a layer)");
+    }
     if (in_.kind == SignalKind::Vector) {
       steps_ = 1;
       batch_ = x.size(0);
@@ -144,12 +186,47 @@ class LayerBase : public Layer {
                                                     << shape_str(out_shape_));
     LSTM_REQUIRE(g.data.dtype() == dtype_,
                  name << ": expected an " << dtype_name(dtype_) << " gradient, got " << dtype_name(g.data.dtype()));
+    LSTM_REQUIRE(g.data.device() == placement_.device, name << ": the gradient is on the "
+                                                            << device_name(g.data.device()) << ", the layer on the "
+                                                            << device_name(placement_.device));
     LSTM_REQUIRE(g.lengths.empty() || g.lengths == lengths_,
                  name << ": gradient lengths differ from the last forward's lengths");
   }
 
   // Lengths as a pointer for the kernels: null when no row is padded.
   const int64_t* pad_lengths() const { return padded_ ? lengths_.data() : nullptr; }
+
+#if LSTM_HAVE_CUDA
+  static float* fp(Tensor& t) { return static_cast<float*>(t.raw()); }
+  static const float* fp(const Tensor& t) { return static_cast<const float*>(t.raw()); }
+
+  // pad_lengths() on the device (int32): uploaded when they differ from the last upload, so a
+  // loop of equal batches uploads once. Stream order keeps earlier kernels reading the old values.
+  const int32_t* gpu_lengths() {
+    if (!padded_) return nullptr;
+    std::vector<int32_t> l(lengths_.begin(), lengths_.end());
+    const size_t bytes = l.size() * sizeof(int32_t);
+    if (l != gpu_lengths_host_ || gpu_lengths_.size() < bytes) {
+      gpu_lengths_.ensure(bytes);
+      cuda::upload_async(gpu_lengths_.get(), l.data(), bytes);
+      gpu_lengths_host_ = std::move(l);
+    }
+    return gpu_lengths_.as<int32_t>();
+  }
+
+  // The rows of the current input (or output) with `features` values each.
+  cuda::Rows gpu_rows(int64_t features) {
+    cuda::Rows r;
+    r.rows = in_.kind == SignalKind::Vector ? batch_ : steps_ * batch_;
+    r.features = features;
+    r.batch = batch_ > 0 ? batch_ : 1;
+    r.lengths = in_.kind == SignalKind::Vector ? nullptr : gpu_lengths();
+    return r;
+  }
+
+  cuda::DeviceBuffer gpu_lengths_;
+  std::vector<int32_t> gpu_lengths_host_;
+#endif
 
   Signal in_, out_;
   DType dtype_ = DType::F32;
@@ -186,29 +263,35 @@ class Embedding final : public LayerBase {
 
   void init(Rng& rng) override {
     LSTM_REQUIRE(built_, describe() << ": init() before build()");
-    rng.fill_normal(weight_.value, 0.0, 1.0);
-    if (padding_idx_ >= 0)
-      for (int64_t j = 0; j < dim_; ++j) weight_.value.set(padding_idx_ * dim_ + j, 0.0);
+    init_param(weight_.value, [&](Tensor& w) {
+      rng.fill_normal(w, 0.0, 1.0);
+      if (padding_idx_ >= 0)
+        for (int64_t j = 0; j < dim_; ++j) w.set(padding_idx_ * dim_ + j, 0.0);
+    });
   }
 
+  // Token ids may be on the CPU or the GPU wherever the layer runs. They are checked on the host
+  // (an id outside the vocabulary throws naming it, as on the CPU), so ids on the GPU are first
+  // copied to the host, which waits for the engine stream: a training loop should pass host ids,
+  // which are checked and then copied to the GPU without waiting.
   Act forward(const Act& in, bool training, Rng&) override {
     check_input(in);
     const int64_t n = steps_ * batch_;
-    const int64_t* tok = in.data.data<int64_t>();
-    // Ids of padded positions become -1 so that the kernels skip them; only real tokens are checked.
-    std::vector<int64_t> ids(static_cast<size_t>(n));
-    for (int64_t t = 0; t < steps_; ++t)
-      for (int64_t b = 0; b < batch_; ++b) {
-        const int64_t r = t * batch_ + b;
-        if (!lengths_.empty() && t >= lengths_[b]) {
-          ids[r] = -1;
-          continue;
-        }
-        LSTM_REQUIRE(tok[r] >= 0 && tok[r] < num_,
-                     describe() << ": token id " << tok[r] << " at step " << t << ", sequence " << b
-                                << " is outside the vocabulary [0, " << num_ << ")");
-        ids[r] = tok[r];
-      }
+    std::vector<int64_t> ids = resolve_ids(in.data);
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      // int32 ids halve the upload.
+      LSTM_REQUIRE(num_ <= INT32_MAX, describe() << ": the GPU path takes at most " << INT32_MAX << " embeddings");
+      std::vector<int32_t> ids32(ids.begin(), ids.end());
+      const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
+      gpu_ids_.ensure(bytes);
+      cuda::upload_async(gpu_ids_.get(), ids32.data(), bytes);
+      Tensor y = Tensor::empty({steps_, batch_, dim_}, dtype_, Device::CUDA);
+      cuda::embedding_gather(gpu_ids_.as<int32_t>(), fp(weight_.value), fp(y), n, dim_);
+      finish_forward(y, training);
+      return {y, in.lengths};
+    }
+#endif
     Tensor y = Tensor::empty({steps_, batch_, dim_}, dtype_);
     with_float_type(dtype_, [&]<class T>() {
       cpu::embedding_gather<T>(ids.data(), weight_.value.data<T>(), y.data<T>(), n, dim_);
@@ -223,6 +306,15 @@ class Embedding final : public LayerBase {
 
   Act backward(const Act& g) override {
     check_grad(g);
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      // The ids of the last (training) forward are still in gpu_ids_: forward overwrites them only
+      // in a later forward, and stream order runs this scatter before that upload.
+      cuda::embedding_scatter_add(gpu_ids_.as<int32_t>(), fp(g.data), fp(weight_.grad), steps_ * batch_, dim_,
+                                  padding_idx_);
+      return {Tensor(), lengths_};
+    }
+#endif
     with_float_type(dtype_, [&]<class T>() {
       cpu::embedding_scatter_add<T>(ids_.data(), g.data.data<T>(), weight_.grad.data<T>(),
                                     static_cast<int64_t>(ids_.size()), dim_, padding_idx_);
@@ -241,10 +333,36 @@ class Embedding final : public LayerBase {
     return {SignalKind::Sequence, dim_};
   }
 
+  std::vector<Param*> owned_params() override { return {&weight_}; }
+  void drop_saved() override { ids_.clear(); }
+
  private:
+  // Ids of padded positions become -1 so that the kernels skip them; only real tokens are checked.
+  std::vector<int64_t> resolve_ids(const Tensor& data) const {
+    const Tensor host = data.device() == Device::CPU ? data : data.cpu();
+    const int64_t* tok = host.data<int64_t>();
+    std::vector<int64_t> ids(static_cast<size_t>(steps_ * batch_));
+    for (int64_t t = 0; t < steps_; ++t)
+      for (int64_t b = 0; b < batch_; ++b) {
+        const int64_t r = t * batch_ + b;
+        if (!lengths_.empty() && t >= lengths_[b]) {
+          ids[r] = -1;
+          continue;
+        }
+        LSTM_REQUIRE(tok[r] >= 0 && tok[r] < num_,
+                     describe() << ": token id " << tok[r] << " at step " << t << ", sequence " << b
+                                << " is outside the vocabulary [0, " << num_ << ")");
+        ids[r] = tok[r];
+      }
+    return ids;
+  }
+
   int64_t num_, dim_, padding_idx_;
   Param weight_;
   std::vector<int64_t> ids_;
+#if LSTM_HAVE_CUDA
+  cuda::DeviceBuffer gpu_ids_;
+#endif
 };
 
 // ---- Dense -------------------------------------------------------------------------------------
@@ -272,8 +390,8 @@ class Dense final : public LayerBase {
     LSTM_REQUIRE(built_, describe() << ": init() before build()");
     // nn.Linear's kaiming_uniform_(a=sqrt(5)) and its bias init both reduce to this bound.
     const double bound = 1.0 / std::sqrt(static_cast<double>(in_features_));
-    rng.fill_uniform(weight_.value, -bound, bound);
-    if (bias_) rng.fill_uniform(bias_p_.value, -bound, bound);
+    init_param(weight_.value, [&](Tensor& w) { rng.fill_uniform(w, -bound, bound); });
+    if (bias_) init_param(bias_p_.value, [&](Tensor& b) { rng.fill_uniform(b, -bound, bound); });
   }
 
   Act forward(const Act& in, bool training, Rng&) override {
@@ -281,6 +399,9 @@ class Dense final : public LayerBase {
     const int64_t n = in.data.numel() / in_features_;
     Shape ys = in.data.shape();
     ys.back() = out_features_;
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) return forward_gpu(in, training, n, ys);
+#endif
     Tensor y = Tensor::empty(ys, dtype_);
     const bool seq = in_.kind == SignalKind::Sequence;
     with_float_type(dtype_, [&]<class T>() {
@@ -306,6 +427,9 @@ class Dense final : public LayerBase {
   Act backward(const Act& g) override {
     check_grad(g);
     const int64_t n = x_.numel() / in_features_;
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) return backward_gpu(g, n);
+#endif
     Tensor dy = g.data;
     const bool seq = in_.kind == SignalKind::Sequence;
     Tensor dx = Tensor::empty(x_.shape(), dtype_);
@@ -337,7 +461,49 @@ class Dense final : public LayerBase {
     return {in.kind, out_features_};
   }
 
+  std::vector<Param*> owned_params() override {
+    if (bias_) return {&weight_, &bias_p_};
+    return {&weight_};
+  }
+  void drop_saved() override { x_ = Tensor(); }
+
  private:
+#if LSTM_HAVE_CUDA
+  // cuBLASLt with the bias in the epilogue. Padded rows: a training forward multiplies a copy
+  // of x with them zeroed (kept for dW, where NaN there would leak); the output's padded rows
+  // are then zeroed.
+  Act forward_gpu(const Act& in, bool training, int64_t n, const Shape& ys) {
+    const bool seq = in_.kind == SignalKind::Sequence;
+    Tensor y = Tensor::empty(ys, dtype_, Device::CUDA);
+    Tensor x = in.data;
+    if (training && seq && padded_) {
+      x = Tensor::empty(in.data.shape(), dtype_, Device::CUDA);
+      cuda::copy_zero_padded(fp(in.data), fp(x), gpu_rows(in_features_));
+    }
+    cuda::dense_forward(fp(x), fp(weight_.value), bias_ ? fp(bias_p_.value) : nullptr, fp(y), n, in_features_,
+                        out_features_, placement_.precision);
+    if (seq && padded_) cuda::zero_padded_rows(fp(y), gpu_rows(out_features_));
+    x_ = training ? x : Tensor();
+    finish_forward(y, training);
+    return {y, in.lengths};
+  }
+
+  // The incoming gradient's padded rows are ignored, not trusted to be zero: the products use a
+  // copy with them zeroed (the caller's tensor is never written).
+  Act backward_gpu(const Act& g, int64_t n) {
+    const bool seq = in_.kind == SignalKind::Sequence;
+    Tensor dy = g.data;
+    if (seq && padded_) {
+      dy = Tensor::empty(g.data.shape(), dtype_, Device::CUDA);
+      cuda::copy_zero_padded(fp(g.data), fp(dy), gpu_rows(out_features_));
+    }
+    Tensor dx = Tensor::empty(x_.shape(), dtype_, Device::CUDA);
+    cuda::dense_backward(fp(x_), fp(weight_.value), fp(dy), fp(dx), fp(weight_.grad),
+                         bias_ ? fp(bias_p_.grad) : nullptr, n, in_features_, out_features_, placement_.precision);
+    return {dx, lengths_};
+  }
+#endif
+
   int64_t out_features_;
   bool bias_;
   int64_t in_features_ = 0;
@@ -365,10 +531,22 @@ class Dropout final : public LayerBase {
   Act forward(const Act& in, bool training, Rng& rng) override {
     check_input(in);
     mask_ = Tensor();
+    gpu_masked_ = false;
     if (!training || p_ == 0.0) {
       finish_forward(in.data, training);
       return in;
     }
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      // The mask is a hash of (seed, element index): backward recomputes it instead of reading it.
+      seed_ = rng.next_u64();
+      gpu_masked_ = true;
+      Tensor y = Tensor::empty(in.data.shape(), dtype_, Device::CUDA);
+      cuda::dropout_apply(fp(in.data), fp(y), gpu_rows(in_.features), p_, seed_, true);
+      finish_forward(y, training);
+      return {y, in.lengths};
+    }
+#endif
     const int64_t n = in.data.numel();
     mask_ = Tensor::empty(in.data.shape(), dtype_);
     Tensor y = Tensor::empty(in.data.shape(), dtype_);
@@ -384,6 +562,13 @@ class Dropout final : public LayerBase {
 
   Act backward(const Act& g) override {
     check_grad(g);
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      Tensor dx = Tensor::empty(g.data.shape(), dtype_, Device::CUDA);
+      cuda::dropout_apply(fp(g.data), fp(dx), gpu_rows(in_.features), p_, seed_, gpu_masked_);
+      return {dx, lengths_};
+    }
+#endif
     Tensor dx = g.data.clone();
     with_float_type(dtype_, [&]<class T>() {
       if (mask_.defined()) cpu::mul<T>(g.data.data<T>(), mask_.data<T>(), dx.data<T>(), dx.numel());
@@ -398,10 +583,16 @@ class Dropout final : public LayerBase {
     require_kind(in, {SignalKind::Sequence, SignalKind::Vector});
     return in;
   }
+  void drop_saved() override {
+    mask_ = Tensor();
+    gpu_masked_ = false;
+  }
 
  private:
   double p_;
   Tensor mask_;
+  uint64_t seed_ = 0;
+  bool gpu_masked_ = false;
 };
 
 // ---- Activation --------------------------------------------------------------------------------
@@ -419,6 +610,15 @@ class Activation final : public LayerBase {
 
   Act forward(const Act& in, bool training, Rng&) override {
     check_input(in);
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      Tensor y = Tensor::empty(in.data.shape(), dtype_, Device::CUDA);
+      cuda::activation_forward(gpu_fn(), fp(in.data), fp(y), gpu_rows(in_.features));
+      y_ = training ? y : Tensor();
+      finish_forward(y, training);
+      return {y, in.lengths};
+    }
+#endif
     const int64_t n = in.data.numel();
     Tensor y = Tensor::empty(in.data.shape(), dtype_);
     with_float_type(dtype_, [&]<class T>() {
@@ -436,6 +636,14 @@ class Activation final : public LayerBase {
 
   Act backward(const Act& g) override {
     check_grad(g);
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      // Padded rows are zeroed by the kernel (tanh'(0) = 1 would pass their gradient).
+      Tensor dx = Tensor::empty(y_.shape(), dtype_, Device::CUDA);
+      cuda::activation_backward(gpu_fn(), fp(y_), fp(g.data), fp(dx), gpu_rows(in_.features));
+      return {dx, lengths_};
+    }
+#endif
     const int64_t n = y_.numel();
     Tensor dx = Tensor::empty(y_.shape(), dtype_);
     with_float_type(dtype_, [&]<class T>() {
@@ -455,8 +663,12 @@ class Activation final : public LayerBase {
     require_kind(in, {SignalKind::Sequence, SignalKind::Vector});
     return in;
   }
+  void drop_saved() override { y_ = Tensor(); }
 
  private:
+#if LSTM_HAVE_CUDA
+  cuda::ActFn gpu_fn() const { return fn_ == "relu" ? cuda::ActFn::Relu : cuda::ActFn::Tanh; }
+#endif
   std::string fn_;
   Tensor y_;
 };
@@ -473,6 +685,14 @@ class LastStep final : public LayerBase {
   Act forward(const Act& in, bool training, Rng&) override {
     check_input(in);
     const int64_t f = in_.features;
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      Tensor y = Tensor::empty({batch_, f}, dtype_, Device::CUDA);
+      cuda::last_step_gather(fp(in.data), gpu_lengths(), fp(y), steps_, batch_, f);
+      finish_forward(y, training);
+      return {y, in.lengths};
+    }
+#endif
     Tensor y = Tensor::empty({batch_, f}, dtype_);
     with_float_type(dtype_, [&]<class T>() {
       cpu::last_step_gather<T>(in.data.data<T>(), lengths_.empty() ? nullptr : lengths_.data(), y.data<T>(), steps_,
@@ -485,6 +705,13 @@ class LastStep final : public LayerBase {
   Act backward(const Act& g) override {
     check_grad(g);
     const int64_t f = in_.features;
+#if LSTM_HAVE_CUDA
+    if (on_gpu()) {
+      Tensor dx = Tensor::empty({steps_, batch_, f}, dtype_, Device::CUDA);
+      cuda::last_step_scatter(fp(g.data), gpu_lengths(), fp(dx), steps_, batch_, f);
+      return {dx, lengths_};
+    }
+#endif
     Tensor dx = Tensor::empty({steps_, batch_, f}, dtype_);
     with_float_type(dtype_, [&]<class T>() {
       cpu::last_step_scatter<T>(g.data.data<T>(), lengths_.empty() ? nullptr : lengths_.data(), dx.data<T>(), steps_,

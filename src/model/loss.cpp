@@ -4,6 +4,12 @@
 #include <cmath>
 #include <limits>
 
+#include "lstm/device.hpp"
+#if LSTM_HAVE_CUDA
+#include "core/cuda_rt.hpp"
+#include "cuda/layers.hpp"
+#endif
+
 namespace lstm {
 
 void LossResult::resolve() {
@@ -50,6 +56,66 @@ void cross_entropy_rows(const T* x, const int64_t* targets, const std::vector<ui
   }
 }
 
+// Which rows count (not masked, not ignore_index); a counted target outside [0, c) throws.
+std::vector<uint8_t> counted_rows(const int64_t* tg, int64_t n, int64_t c, int64_t ignore_index,
+                                  const std::vector<uint8_t>& mask, int64_t& count) {
+  std::vector<uint8_t> counted(static_cast<size_t>(n), 0);
+  count = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    if ((!mask.empty() && !mask[r]) || tg[r] == ignore_index) continue;
+    LSTM_REQUIRE(tg[r] >= 0 && tg[r] < c, "softmax_cross_entropy: target " << tg[r] << " at row " << r
+                                                                            << " is outside the classes [0, " << c
+                                                                            << ") and is not ignore_index ("
+                                                                            << ignore_index << ")");
+    counted[r] = 1;
+    ++count;
+  }
+  return counted;
+}
+
+// CUDA logits: one fused kernel pass, nothing synchronised (the result is pending until
+// resolve()). Host targets are checked here exactly as on the CPU (the same errors) and go to the
+// device as int32 (-1 = not counted) with the count known on the host. Device targets are not
+// read by the host: the count is computed on the device, and a counted target outside [0, C)
+// cannot throw; it makes the loss and its row's gradient NaN instead (documented in
+// cuda/layers.hpp), which a guarded optimizer step then skips.
+LossResult softmax_cross_entropy_gpu(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                     const std::vector<uint8_t>& mask) {
+#if LSTM_HAVE_CUDA
+  LSTM_REQUIRE(logits.dtype() == DType::F32,
+               "softmax_cross_entropy: logits on the GPU must be F32, got " << dtype_name(logits.dtype()));
+  const int64_t n = logits.size(0), c = logits.size(1);
+  LossResult res;
+  res.pending = true;
+  res.grad = Tensor::empty(logits.shape(), DType::F32, Device::CUDA);
+  res.stats = Tensor::empty({3}, DType::F64, Device::CUDA);
+  const auto* x = static_cast<const float*>(logits.raw());
+  auto* g = static_cast<float*>(res.grad.raw());
+  auto* stats = static_cast<double*>(res.stats.raw());
+  if (targets.device() == Device::CPU) {
+    int64_t count = 0;
+    std::vector<uint8_t> counted = counted_rows(targets.data<int64_t>(), n, c, ignore_index, mask, count);
+    const int64_t* tg = targets.data<int64_t>();
+    std::vector<int32_t> resolved(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) resolved[r] = counted[r] ? static_cast<int32_t>(tg[r]) : -1;
+    // Freed at return into the arena's cache; stream order keeps it alive for the kernel.
+    cuda::DeviceBuffer dev(std::max<size_t>(resolved.size() * sizeof(int32_t), 1));
+    cuda::upload_async(dev.get(), resolved.data(), resolved.size() * sizeof(int32_t));
+    cuda::softmax_cross_entropy(x, g, stats, n, c, dev.as<int32_t>(), count, nullptr, nullptr, ignore_index);
+  } else {
+    cuda::softmax_cross_entropy(x, g, stats, n, c, nullptr, 0, static_cast<const int64_t*>(targets.raw()),
+                                mask.empty() ? nullptr : mask.data(), ignore_index);
+  }
+  return res;
+#else
+  (void)targets;
+  (void)ignore_index;
+  (void)mask;
+  require_cuda("softmax_cross_entropy on CUDA logits");
+  return {};
+#endif
+}
+
 }  // namespace
 
 LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
@@ -67,19 +133,12 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& targets, in
                                          : std::string("an undefined tensor")));
   LSTM_REQUIRE(mask.empty() || static_cast<int64_t>(mask.size()) == n,
                "softmax_cross_entropy: expected a mask of " << n << " rows, got " << mask.size());
+  if (logits.device() == Device::CUDA) return softmax_cross_entropy_gpu(logits, targets, ignore_index, mask);
 
-  const int64_t* tg = targets.data<int64_t>();
-  std::vector<uint8_t> counted(static_cast<size_t>(n), 0);
+  const Tensor host_targets = targets.device() == Device::CPU ? targets : targets.cpu();
+  const int64_t* tg = host_targets.data<int64_t>();
   LossResult res;
-  for (int64_t r = 0; r < n; ++r) {
-    if ((!mask.empty() && !mask[r]) || tg[r] == ignore_index) continue;
-    LSTM_REQUIRE(tg[r] >= 0 && tg[r] < c, "softmax_cross_entropy: target " << tg[r] << " at row " << r
-                                                                            << " is outside the classes [0, " << c
-                                                                            << ") and is not ignore_index ("
-                                                                            << ignore_index << ")");
-    counted[r] = 1;
-    ++res.count;
-  }
+  std::vector<uint8_t> counted = counted_rows(tg, n, c, ignore_index, mask, res.count);
 
   res.grad = Tensor::empty(logits.shape(), logits.dtype());
   const double inv_count = res.count > 0 ? 1.0 / static_cast<double>(res.count) : 0.0;
@@ -109,10 +168,14 @@ std::vector<double> softmax_row(const Tensor& logits, int64_t row, double temper
   LSTM_REQUIRE(temperature > 0 && std::isfinite(temperature),
                "softmax_row: temperature must be positive and finite, got " << temperature);
   const int64_t c = logits.size(1);
+  // A GPU row is copied to the host (this waits for the engine stream).
+  const bool host = logits.device() == Device::CPU;
+  const Tensor src = host ? logits : logits.slice0(row, row + 1).cpu();
+  const int64_t base = host ? row * c : 0;
   std::vector<double> p(static_cast<size_t>(c));
   double mx = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < c; ++j) {
-    p[j] = logits.get(row * c + j) / temperature;
+    p[j] = src.get(base + j) / temperature;
     mx = std::max(mx, p[j]);
   }
   double sum = 0;
