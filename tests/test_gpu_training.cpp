@@ -264,7 +264,7 @@ TEST(GpuTraining, StepsAfterWarmUpDoNotAllocateDeviceMemory) {
     std::vector<int64_t> ids(T * B), tg(T * B), lengths(B);
     for (auto& v : ids) v = static_cast<int64_t>(rng.below(50));
     for (auto& v : tg) v = static_cast<int64_t>(rng.below(50));
-    for (int64_t b = 0; b < B; ++b) lengths[b] = 5 + (b * 7 + i) % 16;
+    for (int64_t b = 0; b < B; ++b) lengths[b] = i % 4 == 3 ? T : 5 + (b * 7 + i % 4) % 16;
     std::vector<uint8_t> mask(T * B);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t b = 0; b < B; ++b) mask[t * B + b] = t < lengths[b];
@@ -277,11 +277,13 @@ TEST(GpuTraining, StepsAfterWarmUpDoNotAllocateDeviceMemory) {
     opt->step_guarded(params, 1e-3, norm);
     return l;
   };
-  for (int i = 0; i < 3; ++i) step(i);
+  // The lengths cycle through 4 patterns (padded and full batches): two warm-up cycles see
+  // every shape the loop meets, then three more cycles must be served from the arena's cache.
+  for (int i = 0; i < 8; ++i) step(i);
   cuda_synchronize();
   const ArenaStats before = arena_stats();
   LossResult last;
-  for (int i = 3; i < 13; ++i) last = step(i);
+  for (int i = 8; i < 20; ++i) last = step(i);
   EXPECT_TRUE(last.pending);
   last.resolve();
   EXPECT_TRUE(std::isfinite(last.loss));

@@ -279,6 +279,10 @@ struct Plan {
   LstmSpec spec;
   DType dtype = DType::F32;
   int64_t B = 0;
+  // Every sequence has T steps and the layout is sequence-major: the packed layout without
+  // padded I/O, as PyTorch calls cuDNN for unpacked input (padded I/O costs time in multi-layer
+  // and half-precision cases).
+  bool packed = false;
   RnnDesc rnn;                                // without dropout
   std::unique_ptr<RnnDesc> rnn_drop;          // with dropout; made on first training use
   TensorDesc hdesc, cdesc;
@@ -289,7 +293,7 @@ struct Plan {
 };
 
 void set_rnn_desc(cudnnRNNDescriptor_t d, int algo, const LstmSpec& s, DType dt, bool allow_tf32,
-                  cudnnDropoutDescriptor_t drop, const CaseText& what) {
+                  cudnnDropoutDescriptor_t drop, const CaseText& what, bool padded_io = true) {
   cudnnDataType_t prec;
   cudnnMathType_t math;
   math_for(dt, allow_tf32, &prec, &math);
@@ -299,7 +303,8 @@ void set_rnn_desc(cudnnRNNDescriptor_t d, int algo, const LstmSpec& s, DType dt,
                                s.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
                                data_type(dt), prec, math, static_cast<int32_t>(s.input_size),
                                static_cast<int32_t>(s.hidden_size), static_cast<int32_t>(s.out_size()),
-                               static_cast<int32_t>(s.num_layers), drop, CUDNN_RNN_PADDED_IO_ENABLED),
+                               static_cast<int32_t>(s.num_layers), drop,
+                               padded_io ? CUDNN_RNN_PADDED_IO_ENABLED : CUDNN_RNN_PADDED_IO_DISABLED),
       algo, what, "cudnnSetRNNDescriptor_v8");
 }
 
@@ -405,7 +410,7 @@ class CudnnBackend final : public CudnnLstmBackend {
 
     int a = algo_;
     if (a == kAutoAlgo) a = pick(spec, dt, T, B, len, train_mode, in, weights);
-    std::shared_ptr<Plan> plan = get_plan(spec, dt, a, B);
+    std::shared_ptr<Plan> plan = get_plan(spec, dt, a, B, packs(spec, T, len));
 
     std::shared_ptr<DataDescs> fresh;
     DataDescs* dd = nullptr;
@@ -566,16 +571,24 @@ class CudnnBackend final : public CudnnLstmBackend {
 
  private:
   // ---- Plans ----
-  std::string plan_key(const LstmSpec& s, DType dt, int a, int64_t B) const {
+  std::string plan_key(const LstmSpec& s, DType dt, int a, int64_t B, bool packed = false) const {
     std::ostringstream os;
     os << s.input_size << ',' << s.hidden_size << ',' << s.num_layers << ',' << s.bidirectional << ',' << s.proj_size
        << ',' << s.bias << ',' << s.batch_first << ',' << s.dropout << ',' << static_cast<int>(dt) << ',' << a << ','
-       << B;
+       << B << ',' << packed;
     return os.str();
   }
 
-  std::shared_ptr<Plan> get_plan(const LstmSpec& s, DType dt, int a, int64_t B) {
-    const std::string key = plan_key(s, dt, a, B);
+  // Whether a call takes the packed layout (see Plan::packed).
+  static bool packs(const LstmSpec& s, int64_t T, const std::vector<int32_t>& len) {
+    if (s.batch_first) return false;
+    for (int32_t l : len)
+      if (l != T) return false;
+    return true;
+  }
+
+  std::shared_ptr<Plan> get_plan(const LstmSpec& s, DType dt, int a, int64_t B, bool packed) {
+    const std::string key = plan_key(s, dt, a, B, packed);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     // Shapes that come and go (e.g. the last partial batch) should not pile up; a saved forward
@@ -586,11 +599,12 @@ class CudnnBackend final : public CudnnLstmBackend {
     p->spec = s;
     p->dtype = dt;
     p->B = B;
+    p->packed = packed;
     p->what = case_str(p->spec, dt, 0, 0, false);
     LSTM_REQUIRE(dt != DType::F64 || a == kStandard,
                  "cuDNN " << kAlgoNames[a] << " does not compute in F64; only \"standard\" does");
     cudnnHandle_t h = cuda::cudnn_handle();
-    set_rnn_desc(p->rnn.get(), a, s, dt, options_.allow_tf32, nodrop_desc(), p->what);
+    set_rnn_desc(p->rnn.get(), a, s, dt, options_.allow_tf32, nodrop_desc(), p->what, !packed);
     size_t wbytes = 0;
     LSTM_CUDNN_ACCEPTS(cudnnGetRNNWeightSpaceSize(h, p->rnn.get(), &wbytes), a, p->what, "cudnnGetRNNWeightSpaceSize");
     p->layout = compute_layout(h, p->rnn.get(), s, dt);
@@ -643,7 +657,7 @@ class CudnnBackend final : public CudnnLstmBackend {
     LSTM_CHECK(drop_, "dropout descriptor used before it was made");
     if (!p.rnn_drop) {
       auto d = std::make_unique<RnnDesc>();
-      set_rnn_desc(d->get(), p.algo, p.spec, p.dtype, options_.allow_tf32, drop_->get(), p.what);
+      set_rnn_desc(d->get(), p.algo, p.spec, p.dtype, options_.allow_tf32, drop_->get(), p.what, !p.packed);
       if (p.algo == kPersistDynamic)
         LSTM_CUDNN_ACCEPTS(cudnnBuildRNNDynamic(cuda::cudnn_handle(), d->get(), static_cast<int>(p.B)), p.algo,
                            p.what, "cudnnBuildRNNDynamic");
@@ -657,14 +671,16 @@ class CudnnBackend final : public CudnnLstmBackend {
     const int64_t B = static_cast<int64_t>(len.size());
     bool padded = false;
     for (int32_t l : len) padded = padded || l < T;
+    LSTM_CHECK(!p.packed || !padded, "a packed-layout plan got variable lengths");
     const cudnnRNNDataLayout_t layout =
-        s.batch_first ? CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED;
+        p.packed ? CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED
+                 : (s.batch_first ? CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED);
+    void* fill = p.packed ? nullptr : &g_zero_fill;
     LSTM_CUDA_CHECK(cudnnSetRNNDataDescriptor(dd.x.get(), data_type(p.dtype), layout, static_cast<int>(T),
-                                              static_cast<int>(B), static_cast<int>(s.input_size), len.data(),
-                                              &g_zero_fill));
+                                              static_cast<int>(B), static_cast<int>(s.input_size), len.data(), fill));
     LSTM_CUDA_CHECK(cudnnSetRNNDataDescriptor(dd.y.get(), data_type(p.dtype), layout, static_cast<int>(T),
                                               static_cast<int>(B), static_cast<int>(s.directions() * s.out_size()),
-                                              len.data(), &g_zero_fill));
+                                              len.data(), fill));
     if (!dd.dev_len.defined() || dd.dev_len.numel() != B) {
       dd.dev_len = Tensor::empty({B}, DType::I32, Device::CUDA);
       dd.lengths.clear();
@@ -760,7 +776,7 @@ class CudnnBackend final : public CudnnLstmBackend {
         continue;
       }
       try {
-        std::shared_ptr<Plan> p = get_plan(s, dt, a, B);
+        std::shared_ptr<Plan> p = get_plan(s, dt, a, B, packs(s, T, len));
         DataDescs dd;
         set_data(*p, dd, T, len);
         const void* w = weight_space(*p, weights);

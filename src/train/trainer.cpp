@@ -352,6 +352,12 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
          "model.embedding_dim", "a positive integer");
   expect(cfg["model"]["layers"], cfg["model"]["layers"].is_array() && !cfg["model"]["layers"].empty(), "model.layers",
          "a non-empty list of layers");
+  // JSON text gives unsigned numbers; a config built in C++ ({"seed", 3}) gives signed ones.
+  {
+    auto& seed = cfg["train"]["seed"];
+    if (seed.is_number_integer() && !seed.is_number_unsigned() && seed.get<int64_t>() >= 0)
+      seed = static_cast<uint64_t>(seed.get<int64_t>());
+  }
   expect(cfg["train"]["seed"], cfg["train"]["seed"].is_number_unsigned(), "train.seed", "a non-negative integer");
   auto& t = cfg["train"];
   for (const char* k : {"steps", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "checkpoint_every",
