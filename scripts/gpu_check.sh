@@ -373,6 +373,11 @@ run_section() {
   log "== section $name: exit $rc ($(( $(date +%s) - start ))s)"
 }
 
+# The commit the staged build was made from (scripts/stage_gpu.sh records it): the GPU machine's
+# copy of the tree may carry another .git HEAD than the files it holds.
+if [ -z "${LSTM_CHECK_GIT_COMMIT:-}" ] && [ -f "$REPO_DIR/gpu-stage/source_commit" ]; then
+  LSTM_CHECK_GIT_COMMIT=$(cat "$REPO_DIR/gpu-stage/source_commit")
+fi
 export LSTM_CHECK_GIT_COMMIT=${LSTM_CHECK_GIT_COMMIT:-$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || true)}
 for s in ${LSTM_CHECK_SECTIONS:-tests interop cpu_bench gpu_bench}; do
   run_section "$s"

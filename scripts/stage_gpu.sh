@@ -15,6 +15,9 @@ find gpu-stage/build -type f -perm -u+x -exec sh -c 'file "$1" | grep -q ELF && 
 # Absolute paths the build refers to (RUNPATH, ctest files); scripts/gpu_env.sh recreates them.
 realpath . > gpu-stage/source_path
 realpath "$build" > gpu-stage/build_path
+# The commit the build came from (+dirty when the tree had uncommitted changes), for reports.
+{ git rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > gpu-stage/source_commit
+git diff --quiet HEAD 2>/dev/null || printf '+dirty' >> gpu-stage/source_commit
 lib=/usr/lib/x86_64-linux-gnu
 cp -L "$lib/openblas-openmp/libopenblas.so.0" "$lib/libgfortran.so.5" "$lib/libquadmath.so.0" "$lib/libgomp.so.1" gpu-stage/lib/
 du -sh gpu-stage
