@@ -85,6 +85,8 @@ class Layer {
 
 // nn.Embedding(num_embeddings, embedding_dim[, padding_idx]). Token ids outside
 // [0, num_embeddings) throw naming the id and the vocabulary size. Param: "weight".
+// On the GPU the ids are checked on the host before they are uploaded: give them as a CPU
+// tensor (ids already on the GPU are copied back for the check, which waits for the GPU).
 std::unique_ptr<Layer> make_embedding(int64_t num_embeddings, int64_t embedding_dim,
                                       int64_t padding_idx = -1);
 // nn.Linear(in, out) on the last dim of a sequence or vector (in is taken from the input

@@ -22,10 +22,13 @@ struct LossResult {
 };
 
 // logits: [N, C] (F32 or F64 on the CPU, F32 on the GPU); targets: I64 [N] on the CPU or on
-// the logits' device; mask (host) as below. On the GPU this is one fused kernel pass (softmax,
-// loss, gradient and argmax per row) and nothing is synchronised. A target equal to ignore_index is not counted;
-// any other target outside [0, C) throws naming the target and C. When `mask` is non-empty
-// (size N), rows with mask 0 are not counted. Returns the mean loss and its gradient.
+// the logits' device; mask (host) as below. A target equal to ignore_index is not counted; any
+// other target outside [0, C) throws naming the target and C (targets on the GPU cannot be
+// checked without waiting: such a row gets a NaN loss and gradient instead, which a guarded
+// optimizer step then skips). When `mask` is non-empty (size N), rows with mask 0 are not
+// counted. Returns the mean loss and its gradient. On the GPU: one fused pass per row (max,
+// log-sum-exp, loss, argmax, gradient), a fixed-order reduction of the loss (bit-reproducible),
+// nothing synchronised.
 LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                                  const std::vector<uint8_t>& mask = {});
 

@@ -26,8 +26,11 @@ class Optimizer {
   // e.g. from grad_norm_tensor) is NaN or Inf; step counters then do not advance. On the GPU
   // the kernels read `norm` themselves: no host round trip.
   virtual void step_guarded(const std::vector<Param>& params, double lr, const Tensor& norm) = 0;
-  // Optimizer state as named tensors, e.g. "exp_avg.lstm.weight_ih_l0", plus "step" counters;
-  // load_state restores it exactly (throws naming a missing or mis-shaped tensor).
+  // Optimizer state as named tensors, e.g. "exp_avg.lstm.weight_ih_l0", plus "step" counters,
+  // always as CPU tensors (GPU state is copied back; this waits for the GPU), so checkpoints are
+  // the same whichever device trained. load_state restores it exactly (throws naming a missing or
+  // mis-shaped tensor); tensors from either device are accepted and follow the parameters'
+  // device on the next step. On the GPU parameters must be F32.
   virtual std::map<std::string, Tensor> state() const = 0;
   virtual void load_state(const std::map<std::string, Tensor>& state) = 0;
   virtual nlohmann::json to_json() const = 0;
