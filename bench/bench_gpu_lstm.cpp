@@ -57,6 +57,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_args.hpp"
 #include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
@@ -117,39 +118,11 @@ struct Options {
   std::exit(2);
 }
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
+using lstm::bench::split_commas;
 int64_t parse_int(const std::string& flag, const std::string& s, int64_t min_value) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size() || v < min_value)
-    usage_error(flag + " expects an integer >= " + std::to_string(min_value) + ", got '" + s + "'");
-  return v;
+  return lstm::bench::parse_int(flag, s, min_value, usage_error);
 }
-
-double parse_double(const std::string& flag, const std::string& s) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size() || !(v >= 0)) usage_error(flag + " expects a number >= 0, got '" + s + "'");
-  return v;
-}
+double parse_double(const std::string& flag, const std::string& s) { return lstm::bench::parse_double(flag, s, usage_error); }
 
 // The suite file's dtype names; f32/f16 are accepted as aliases.
 std::string normalize_dtype(const std::string& d) {

@@ -18,6 +18,7 @@
 
 #include "lstm/lstm.hpp"
 #include "lstm/safetensors.hpp"
+#include "test_util.hpp"
 
 extern char** environ;
 
@@ -27,29 +28,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;
-};
+using lstm::testing::CliRun;
+using lstm::testing::run_cli;
 
-// Runs the program with a shell, capturing stdout and stderr together.
-CliRun run_cli(const std::string& args) {
-  std::string cmd = std::string(LSTM_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("lstm_cli_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return lstm::testing::temp_dir("lstm_cli", name); }
 
 void write_text(const fs::path& p, const std::string& s) {
   std::ofstream f(p, std::ios::binary);

@@ -20,20 +20,19 @@
 #include "lstm/parallel.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
+#include "test_util.hpp"
 
 using namespace lstm;
 using lstm::testing::random_tensor;
+using lstm::testing::run_cli;
+using lstm::testing::CliRun;
+using lstm::testing::write_majority_csv;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("lstm_gputrain_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return lstm::testing::temp_dir("lstm_gputrain", name); }
 
 Placement gpu(Precision p = Precision::F32) {
   Placement pl;
@@ -60,27 +59,6 @@ void write_corpus(const fs::path& p) {
   Rng rng(5);
   const char* words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ", "a ", "lazy ", "dog. ", "\n"};
   for (int i = 0; i < 4000; ++i) f << words[rng.below(10)];
-}
-
-// Majority task with variable lengths (3..12 tokens), as in test_training.cpp.
-void write_majority_csv(const fs::path& p, int rows, uint64_t seed) {
-  Rng rng(seed);
-  std::ofstream f(p);
-  f << "id,sequence,label\n";
-  for (int r = 0; r < rows; ++r) {
-    int len = 3 + static_cast<int>(rng.below(10));
-    int na = 0, nb = 0;
-    std::string s;
-    for (int t = 0; t < len; ++t) {
-      uint64_t k = rng.below(3);
-      na += k == 0;
-      nb += k == 1;
-      if (t) s += ' ';
-      s += k == 0 ? 'a' : k == 1 ? 'b' : 'c';
-    }
-    if (na == nb) s += " a", ++na;
-    f << r << "," << s << "," << (na > nb ? "more_a" : "more_b") << "\n";
-  }
 }
 
 nlohmann::json charlm_cfg(const fs::path& text, int64_t steps, bool bidir_stack = false) {
@@ -216,22 +194,7 @@ TEST(GpuTraining, ResumeOnTheGpuContinuesTheRun) {
 TEST(GpuTraining, NonFiniteGradientSkipsTheUpdateAndStops) {
   LSTM_REQUIRE_GPU();
   fs::path d = temp_dir("nan");
-  {
-    std::ofstream f(d / "text.txt");
-    for (int i = 0; i < 100; ++i) f << "abcdefghij klmnop " << i << "\n";
-  }
-  nlohmann::json cfg = {{"task", "charlm"},
-                        {"data", {{"path", (d / "text.txt").string()}}},
-                        {"model", {{"embedding_dim", 4}, {"layers", {{{"type", "lstm"}, {"hidden_size", 8}}, {{"type", "dense"}}}}}},
-                        {"train",
-                         {{"steps", 200},
-                          {"batch_size", 4},
-                          {"seq_len", 8},
-                          {"eval_every", 0},
-                          {"checkpoint_every", 5},
-                          {"clip_grad_norm", 0},
-                          {"optimizer", {{"type", "sgd"}}},
-                          {"schedule", {{"type", "step"}, {"lr", 1.0}, {"step_size", 5}, {"gamma", 1e30}}}}}};
+  nlohmann::json cfg = lstm::testing::exploding_lr_config(d);
   std::ostringstream log;
   TrainResult r = train(opts(cfg, d / "run", &log, gpu()));
   ASSERT_TRUE(r.stopped_non_finite) << log.str();
@@ -293,22 +256,6 @@ TEST(GpuTraining, StepsAfterWarmUpDoNotAllocateDeviceMemory) {
 
 // ---- the lstm program -------------------------------------------------------------------------
 
-namespace {
-struct CliRun {
-  int code;
-  std::string out;
-};
-CliRun run_cli(const std::string& args) {
-  std::string cmd = std::string(LSTM_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-}  // namespace
 
 TEST(GpuCli, InfoListsTheGpuAndCudnnAlgorithms) {
   LSTM_REQUIRE_GPU();

@@ -12,8 +12,10 @@
 #include "lstm/parallel.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
+#include "test_util.hpp"
 
 using namespace lstm;
+using lstm::testing::write_majority_csv;
 namespace fs = std::filesystem;
 
 namespace {
@@ -29,37 +31,7 @@ lstm::TrainOptions opts(const nlohmann::json& cfg, const std::string& out, bool 
 }
 
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("lstm_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// Label = which of two tokens ("a" or "b") occurs more often; sequences of 3..12 tokens drawn
-// from {a, b, c} ("c" is noise). Needs counting over variable lengths.
-void write_majority_csv(const fs::path& p, int rows, uint64_t seed) {
-  Rng rng(seed);
-  std::ofstream f(p);
-  f << "id,sequence,label\n";
-  for (int r = 0; r < rows; ++r) {
-    int len = 3 + static_cast<int>(rng.below(10));
-    int na = 0, nb = 0;
-    std::string s;
-    for (int t = 0; t < len; ++t) {
-      uint64_t k = rng.below(3);
-      if (k == 0) ++na;
-      if (k == 1) ++nb;
-      if (t) s += ' ';
-      s += k == 0 ? 'a' : k == 1 ? 'b' : 'c';
-    }
-    if (na == nb) {
-      s += " a";
-      ++na;
-    }
-    f << r << "," << s << "," << (na > nb ? "more_a" : "more_b") << "\n";
-  }
-}
+fs::path temp_dir(const std::string& name) { return lstm::testing::temp_dir("lstm_train", name); }
 
 }  // namespace
 
@@ -166,22 +138,7 @@ TEST(Training, SameSeedSameResultAndResumeEqualsUninterrupted) {
 TEST(Training, NonFiniteLossStopsAndKeepsLastGoodCheckpoint) {
   set_num_threads(1);
   fs::path d = temp_dir("nan");
-  {
-    std::ofstream f(d / "text.txt");
-    for (int i = 0; i < 100; ++i) f << "abcdefghij klmnop " << i << "\n";
-  }
-  nlohmann::json cfg = {{"task", "charlm"},
-                        {"data", {{"path", (d / "text.txt").string()}}},
-                        {"model", {{"embedding_dim", 4}, {"layers", {{{"type", "lstm"}, {"hidden_size", 8}}, {{"type", "dense"}}}}}},
-                        {"train",
-                         {{"steps", 200},
-                          {"batch_size", 4},
-                          {"seq_len", 8},
-                          {"eval_every", 0},
-                          {"checkpoint_every", 5},
-                          {"clip_grad_norm", 0},
-                          {"optimizer", {{"type", "sgd"}}},
-                          {"schedule", {{"type", "step"}, {"lr", 1.0}, {"step_size", 5}, {"gamma", 1e30}}}}}};
+  nlohmann::json cfg = lstm::testing::exploding_lr_config(d);
   std::ostringstream log;
   TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
   ASSERT_TRUE(r.stopped_non_finite) << log.str();
