@@ -516,6 +516,7 @@ TrainResult train(const TrainOptions& opts) {
 #endif
       opt->step_guarded(params, sched->lr(step), guard);
       ++step;
+      lr.grad = Tensor();  // pending steps keep only their statistics, not logits-sized gradients
       pending.push_back({step, std::move(lr), norm});
     } else {
       Tensor norm;
