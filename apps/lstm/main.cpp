@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     c->add_option("--precision", precision, "f32 (CPU, GPU), tf32|bf16|f16 (GPU)")->capture_default_str();
     c->add_option("--algo", algo, "LSTM implementation: auto|reference|cudnn")->capture_default_str();
     c->add_option("--cudnn-algo", cudnn_algo,
-                  "cuDNN's algorithm: standard|persist_static|persist_dynamic|persist_static_small_h|auto")
+                  "cuDNN's algorithm: standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic")
         ->capture_default_str();
   };
   add_placement(train);
@@ -235,8 +235,8 @@ int main(int argc, char** argv) {
   fwd->add_option("--algo", algo_arg, "reference|cudnn|auto (auto: reference on the CPU, cudnn on the GPU)")
       ->capture_default_str();
   fwd->add_option("--cudnn-algo", fwd_cudnn_algo,
-                  "standard|persist_static|persist_dynamic|persist_static_small_h|auto (auto: the fastest that "
-                  "accepts the shape, timed once)")
+                  "standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic (auto: the "
+                  "fastest that accepts the shape, timed once; heuristic: PyTorch's rule)")
       ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);

@@ -38,7 +38,14 @@ namespace lstm {
 namespace {
 
 // ---- cuDNN's algorithms ----
-enum CudnnAlgoId : int { kStandard = 0, kPersistStatic = 1, kPersistDynamic = 2, kPersistSmallH = 3, kAutoAlgo = 4 };
+enum CudnnAlgoId : int {
+  kStandard = 0,
+  kPersistStatic = 1,
+  kPersistDynamic = 2,
+  kPersistSmallH = 3,
+  kAutoAlgo = 4,
+  kHeuristicAlgo = 5
+};
 constexpr const char* kAlgoNames[] = {"standard", "persist_static", "persist_dynamic", "persist_static_small_h"};
 
 cudnnRNNAlgo_t to_cudnn_algo(int a) {
@@ -54,9 +61,10 @@ int algo_from_option(const std::string& name) {
   for (int a = 0; a < 4; ++a)
     if (name == kAlgoNames[a]) return a;
   if (name == "auto") return kAutoAlgo;
+  if (name == "heuristic") return kHeuristicAlgo;
   LSTM_THROW("unknown cudnn_algo '" << name
                                     << "': expected one of standard, persist_static, persist_dynamic, "
-                                       "persist_static_small_h, auto");
+                                       "persist_static_small_h, auto, heuristic");
 }
 
 // ---- RAII for cuDNN descriptors ----
@@ -345,14 +353,14 @@ class CudnnBackend final : public CudnnLstmBackend {
     if (!cuda_available()) return cuda_unavailable_reason();
     if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16 && dtype != DType::F64)
       return std::string("the cuDNN backend computes in F32, BF16, F16 or F64, not ") + dtype_name(dtype);
-    if (dtype == DType::F64 && algo_ != kStandard && algo_ != kAutoAlgo)
+    if (dtype == DType::F64 && algo_ != kStandard && algo_ != kAutoAlgo && algo_ != kHeuristicAlgo)
       return std::string("cuDNN ") + kAlgoNames[algo_] + " does not compute in F64; only \"standard\" does";
     try {
       spec.validate();
     } catch (const Error& e) {
       return e.what();
     }
-    if (algo_ == kAutoAlgo || algo_ == kStandard) return "";
+    if (algo_ == kAutoAlgo || algo_ == kStandard || algo_ == kHeuristicAlgo) return "";
     // Ask cuDNN with descriptors (host-side calls, no GPU work): the RNN descriptor, the weight
     // space and the temporary space for one step of one sequence. persist_dynamic is not probed
     // past the descriptor: its temp-space query needs the NVRTC build for a batch size.
@@ -385,7 +393,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   FlatLayout flat_layout(const LstmSpec& spec, DType dtype) const override {
     // "auto" may run any algorithm; every one is handed the standard layout and copies when its
     // own differs (compute_layout is checked per plan).
-    const int a = algo_ == kAutoAlgo ? kStandard : algo_;
+    const int a = algo_ == kAutoAlgo || algo_ == kHeuristicAlgo ? kStandard : algo_;
     cudnnHandle_t h = cuda::cudnn_handle();
     DropoutDesc nodrop;
     LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(nodrop.get(), h, 0.0f, nullptr, 0, 0));
@@ -410,6 +418,13 @@ class CudnnBackend final : public CudnnLstmBackend {
 
     int a = algo_;
     if (a == kAutoAlgo) a = pick(spec, dt, T, B, len, train_mode, in, weights);
+    if (a == kHeuristicAlgo) {
+      bool varlen = false;
+      for (int32_t l : len) varlen = varlen || l < T;
+      const cudaDeviceProp& prop = cuda::device_prop();
+      a = algo_from_option(
+          cudnn_heuristic_algo(spec, dt, T, B, varlen, train_mode, prop.major, prop.minor, prop.multiProcessorCount));
+    }
     std::shared_ptr<Plan> plan = get_plan(spec, dt, a, B, packs(spec, T, len));
 
     std::shared_ptr<DataDescs> fresh;
@@ -849,6 +864,29 @@ class CudnnBackend final : public CudnnLstmBackend {
 
 std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions& options) {
   return std::make_unique<CudnnBackend>(options);
+}
+
+std::string cudnn_heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths,
+                                 bool training, int cc_major, int cc_minor, int sms) {
+  // Where cuDNN 9 refuses every persistent algorithm (measured on cuDNN 9.19, see the tests).
+  if (variable_lengths || spec.proj_size > 0 || !spec.bias || dtype == DType::F64) return "standard";
+  // The backward pass takes persist_static_small_h only up to hidden 128; a training forward
+  // must use the algorithm its backward will.
+  if (cc_major >= 6 && spec.hidden_size <= (training ? 128 : 192)) return "persist_static_small_h";
+  if (dtype != DType::F16) return "standard";
+  const bool shape_ok = spec.num_layers == 1 && !spec.bidirectional && spec.hidden_size <= 1024 &&
+                        spec.hidden_size % 128 == 0 && spec.input_size % 128 == 0;
+  if (!shape_ok) return "standard";
+  bool device_ok = false;
+  if (cc_major == 7 && cc_minor != 5) {
+    // Volta: batches that are multiples of 16 (but not 80 or 112) or exactly 8, long enough.
+    device_ok = ((B % 16 == 0 && B != 80 && B != 112) || B == 8) &&
+                ((T >= 40 && B <= 128) || (T >= 20 && B <= 96) || (T >= 10 && B <= 32));
+  } else if (cc_major >= 8 && sms >= 98 && cc_minor != 6) {
+    // Large Ampere and newer (not sm_86, not the 56-SM A30 class).
+    device_ok = B % 8 == 0 && B <= 128;
+  }
+  return device_ok ? "persist_static" : "standard";
 }
 
 }  // namespace lstm

@@ -8,8 +8,19 @@
 namespace lstm {
 
 // A cuDNN backend instance; options.cudnn_algo picks cuDNN's algorithm ("standard",
-// "persist_static", "persist_dynamic", "persist_static_small_h", "auto") and allow_tf32 the math
-// mode for F32 data. Throws naming the accepted names for an unknown cudnn_algo.
+// "persist_static", "persist_dynamic", "persist_static_small_h", "auto", "heuristic") and
+// allow_tf32 the math mode for F32 data. Throws naming the accepted names for an unknown
+// cudnn_algo.
 std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions& options);
+
+// The algorithm cudnn_algo "heuristic" runs for a call: the rule PyTorch's nn.LSTM applies
+// (persist_static_small_h for hidden sizes up to 192 in inference and 128 in training,
+// persist_static for single-layer unidirectional fp16 with sizes that are multiples of 128 and
+// batches the device rule accepts, standard otherwise), so that the same shapes run the same
+// cuDNN algorithm as there. Persistent algorithms are never chosen where cuDNN 9 refuses them:
+// variable lengths within the batch, proj_size, no bias, F64. T = steps, B = batch;
+// (cc_major, cc_minor, sms) describe the GPU.
+std::string cudnn_heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths,
+                                 bool training, int cc_major, int cc_minor, int sms);
 
 }  // namespace lstm

@@ -1,0 +1,80 @@
+// cudnn_algo "heuristic": which cuDNN algorithm a call gets (a pure function; runs without a GPU).
+#include <gtest/gtest.h>
+
+#include "lstm/lstm.hpp"
+#if LSTM_HAVE_CUDA
+#include "cudnn/lstm_cudnn.hpp"
+#endif
+
+using namespace lstm;
+
+#if LSTM_HAVE_CUDA
+namespace {
+LstmSpec spec(int64_t H, int64_t layers = 1, bool bidir = false, int64_t I = -1) {
+  LstmSpec s;
+  s.input_size = I < 0 ? H : I;
+  s.hidden_size = H;
+  s.num_layers = layers;
+  s.bidirectional = bidir;
+  return s;
+}
+// An H200: sm_90, 132 SMs.
+std::string h200(const LstmSpec& s, DType dt, int64_t T, int64_t B, bool varlen = false, bool training = false) {
+  return cudnn_heuristic_algo(s, dt, T, B, varlen, training, 9, 0, 132);
+}
+}  // namespace
+
+TEST(CudnnHeuristic, SmallHiddenSizesTakeSmallH) {
+  EXPECT_EQ(h200(spec(192), DType::F32, 100, 8), "persist_static_small_h");
+  EXPECT_EQ(h200(spec(192), DType::F32, 100, 8, false, /*training=*/true), "standard");
+  EXPECT_EQ(h200(spec(128), DType::BF16, 100, 8, false, true), "persist_static_small_h");
+  EXPECT_EQ(h200(spec(64, 3, true), DType::F32, 100, 8), "persist_static_small_h");
+  EXPECT_EQ(h200(spec(256), DType::F32, 100, 8), "standard");
+}
+
+TEST(CudnnHeuristic, Fp16SingleLayerTakesPersistStaticOnLargeGpus) {
+  EXPECT_EQ(h200(spec(512), DType::F16, 25, 16), "persist_static");
+  EXPECT_EQ(h200(spec(1024), DType::F16, 100, 128), "persist_static");
+  EXPECT_EQ(h200(spec(1024), DType::F16, 100, 256), "standard");   // batch above 128
+  EXPECT_EQ(h200(spec(1024), DType::F16, 100, 20), "standard");    // batch not a multiple of 8
+  EXPECT_EQ(h200(spec(2048), DType::F16, 100, 64), "standard");    // hidden above 1024
+  EXPECT_EQ(h200(spec(1024, 2), DType::F16, 100, 64), "standard"); // two layers
+  EXPECT_EQ(h200(spec(512, 1, true), DType::F16, 100, 64), "standard");
+  EXPECT_EQ(h200(spec(512, 1, false, 300), DType::F16, 100, 64), "standard");  // input not a multiple of 128
+  EXPECT_EQ(h200(spec(512), DType::F32, 25, 16), "standard");
+  EXPECT_EQ(h200(spec(512), DType::BF16, 25, 16), "standard");
+  // sm_86 and small Ampere parts keep the standard algorithm.
+  EXPECT_EQ(cudnn_heuristic_algo(spec(512), DType::F16, 25, 16, false, false, 8, 6, 84), "standard");
+  EXPECT_EQ(cudnn_heuristic_algo(spec(512), DType::F16, 25, 16, false, false, 8, 0, 56), "standard");
+  // Volta: multiples of 16 with enough steps.
+  EXPECT_EQ(cudnn_heuristic_algo(spec(512), DType::F16, 40, 64, false, false, 7, 0, 80), "persist_static");
+  EXPECT_EQ(cudnn_heuristic_algo(spec(512), DType::F16, 40, 80, false, false, 7, 0, 80), "standard");
+  EXPECT_EQ(cudnn_heuristic_algo(spec(512), DType::F16, 40, 64, false, false, 7, 5, 40), "standard");
+}
+
+TEST(CudnnHeuristic, NeverPersistentWhereCudnnRefuses) {
+  EXPECT_EQ(h200(spec(128), DType::F32, 100, 8, /*varlen=*/true), "standard");
+  LstmSpec p = spec(128);
+  p.proj_size = 64;
+  EXPECT_EQ(h200(p, DType::F32, 100, 8), "standard");
+  LstmSpec nb = spec(512);
+  nb.bias = false;
+  EXPECT_EQ(h200(nb, DType::F16, 25, 16), "standard");
+  EXPECT_EQ(h200(spec(128), DType::F64, 100, 8), "standard");
+}
+
+TEST(CudnnHeuristic, IsAnAcceptedAlgorithmName) {
+  LstmOptions o;
+  o.cudnn_algo = "heuristic";
+  EXPECT_NO_THROW(make_cudnn_lstm_backend(o));
+  o.cudnn_algo = "fastest";
+  try {
+    make_cudnn_lstm_backend(o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heuristic"), std::string::npos) << e.what();
+  }
+}
+#else
+TEST(CudnnHeuristic, NeedsACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
+#endif
