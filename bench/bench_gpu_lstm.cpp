@@ -69,6 +69,7 @@
 
 #include "core/cuda_rt.hpp"
 #include "cuda/cublas_util.hpp"
+#include "cudnn/lstm_cudnn.hpp"
 #include "gpu_bench_util.hpp"
 #include "naive_lstm.hpp"
 #endif
@@ -430,6 +431,18 @@ Plan make_plan(const Options& opt) {
   r["dtype"] = cell.dtype;
   r["algo"] = cell.algo;
   r["gflop"] = c.gflop(cell.mode == "train");
+#if LSTM_HAVE_CUDA
+  // The algorithm PyTorch's rule (cudnn_algo "heuristic") picks for this case: the report compares
+  // PyTorch with that row, the same cuDNN algorithm on both sides.
+  if (cell.algo.rfind("cudnn:", 0) == 0 && lstm::cuda_available()) {
+    const lstm::LstmSpec spec = c.spec();
+    const lstm::DType dt =
+        cell.dtype == "bf16" ? lstm::DType::BF16 : (cell.dtype == "fp16" ? lstm::DType::F16 : lstm::DType::F32);
+    const cudaDeviceProp& prop = lstm::cuda::device_prop();
+    r["cudnn_heuristic"] = lstm::cudnn_heuristic_algo(spec, dt, c.T, c.B, false, cell.mode == "train", prop.major,
+                                                      prop.minor, prop.multiProcessorCount);
+  }
+#endif
   return r;
 }
 
