@@ -38,15 +38,7 @@ void write_text(const fs::path& p, const std::string& s) {
   f << s;
 }
 
-std::vector<fs::path> fixtures() {
-  std::vector<fs::path> r;
-  if (fs::is_directory(LSTM_FIXTURE_DIR))
-    for (auto& e : fs::directory_iterator(LSTM_FIXTURE_DIR))
-      if (e.path().filename().string().rfind("lstm_", 0) == 0 && e.path().extension() == ".safetensors")
-        r.push_back(e.path());
-  std::sort(r.begin(), r.end());
-  return r;
-}
+std::vector<fs::path> fixtures() { return lstm::testing::lstm_fixture_files(); }
 
 }  // namespace
 
@@ -58,15 +50,7 @@ TEST(Cli, ForwardMatchesPyTorchGoldenFiles) {
   for (const auto& f : files) {
     SafetensorsFile g = read_safetensors(f.string());
     if (g.metadata.count("batch_first") && g.metadata.at("batch_first") == "1") continue;  // CLI input is [T, B, I]
-    std::map<std::string, Shape> shapes;
-    for (auto& [k, v] : g.tensors) shapes[k] = v.shape();
-    LstmSpec spec = LstmSpec::infer(shapes);
-    std::map<std::string, Tensor> model, input;
-    for (const auto& n : spec.param_names()) model[n] = g.tensors.at(n);
-    for (const char* k : {"input", "lengths", "h0", "c0"})
-      if (g.tensors.count(k)) input[k] = g.tensors.at(k);
-    write_safetensors((d / "m.safetensors").string(), model);
-    write_safetensors((d / "x.safetensors").string(), input);
+    lstm::testing::write_forward_inputs(g, d);
     CliRun r = run_cli("forward --model " + (d / "m.safetensors").string() + " --input " + (d / "x.safetensors").string() +
                     " --output " + (d / "y.safetensors").string());
     ASSERT_EQ(r.code, 0) << f << "\n" << r.out;

@@ -270,20 +270,11 @@ TEST(GpuCli, ForwardOnTheGpuMatchesPyTorchGoldenFiles) {
   LSTM_REQUIRE_GPU();
   fs::path d = temp_dir("fwd");
   int checked = 0;
-  for (auto& e : fs::directory_iterator(LSTM_FIXTURE_DIR)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("lstm_", 0) != 0) continue;
-    SafetensorsFile g = read_safetensors(e.path().string());
+  for (const fs::path& f : lstm::testing::lstm_fixture_files()) {
+    const std::string name = f.filename().string();
+    SafetensorsFile g = read_safetensors(f.string());
     if (g.metadata.count("batch_first") && g.metadata.at("batch_first") == "1") continue;
-    std::map<std::string, Shape> shapes;
-    for (auto& [k, v] : g.tensors) shapes[k] = v.shape();
-    LstmSpec spec = LstmSpec::infer(shapes);
-    std::map<std::string, Tensor> model, input;
-    for (const auto& n : spec.param_names()) model[n] = g.tensors.at(n);
-    for (const char* k : {"input", "lengths", "h0", "c0"})
-      if (g.tensors.count(k)) input[k] = g.tensors.at(k);
-    write_safetensors((d / "m.safetensors").string(), model);
-    write_safetensors((d / "x.safetensors").string(), input);
+    lstm::testing::write_forward_inputs(g, d);
     for (const char* dt : {"f32", "tf32", "bf16", "f16"}) {
       for (const char* algo : {"standard", "auto"}) {
         CliRun r = run_cli("forward --device cuda --dtype " + std::string(dt) + " --cudnn-algo " + algo + " --model " +

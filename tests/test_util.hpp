@@ -6,13 +6,17 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
+#include "lstm/safetensors.hpp"
 
 namespace lstm::testing {
 
@@ -86,6 +90,33 @@ inline nlohmann::json exploding_lr_config(const std::filesystem::path& dir) {
             {"clip_grad_norm", 0},
             {"optimizer", {{"type", "sgd"}}},
             {"schedule", {{"type", "step"}, {"lr", 1.0}, {"step_size", 5}, {"gamma", 1e30}}}}}};
+}
+
+// The PyTorch golden files tests/fixtures/lstm_*.safetensors (scripts/make_fixtures.py), sorted.
+inline std::vector<std::filesystem::path> lstm_fixture_files() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> r;
+  if (fs::is_directory(LSTM_FIXTURE_DIR))
+    for (auto& e : fs::directory_iterator(LSTM_FIXTURE_DIR))
+      if (e.path().filename().string().rfind("lstm_", 0) == 0 && e.path().extension() == ".safetensors")
+        r.push_back(e.path());
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
+// Splits a golden file into what `lstm forward` reads: dir/m.safetensors (the nn.LSTM
+// state_dict) and dir/x.safetensors (input, lengths, h0, c0). Returns the LSTM's spec.
+inline LstmSpec write_forward_inputs(const SafetensorsFile& g, const std::filesystem::path& dir) {
+  std::map<std::string, Shape> shapes;
+  for (auto& [k, v] : g.tensors) shapes[k] = v.shape();
+  LstmSpec spec = LstmSpec::infer(shapes);
+  std::map<std::string, Tensor> model, input;
+  for (const auto& n : spec.param_names()) model[n] = g.tensors.at(n);
+  for (const char* k : {"input", "lengths", "h0", "c0"})
+    if (g.tensors.count(k)) input[k] = g.tensors.at(k);
+  write_safetensors((dir / "m.safetensors").string(), model);
+  write_safetensors((dir / "x.safetensors").string(), input);
+  return spec;
 }
 
 }  // namespace lstm::testing
