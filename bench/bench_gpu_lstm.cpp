@@ -99,6 +99,7 @@ struct Options {
   double budget_s = 0;  // 0: no limit
   bool quick = false;
   int cases_per_suite = 0;  // 0: all
+  std::vector<std::string> case_ids;  // empty: all; else only these case ids (CaseSpec::id)
   bool ceilings = true;
   int64_t gemm_n = 8192;
   int64_t copy_mib = 2048;
@@ -112,7 +113,7 @@ struct Options {
             << "         [--mode infer|train]... [--algos LIST] [--naive-suite NAME]... [--repeats N>=10]\n"
             << "         [--warmup N>=1] [--out FILE] [--quick] [--cases-per-suite N] [--check]\n"
             << "         [--check-suite NAME]... [--check-max-gflop G] [--budget-s S] [--max-cell-s S]\n"
-            << "         [--no-ceilings] [--gemm-size N] [--copy-mib N] [--list]\n"
+            << "         [--no-ceilings] [--gemm-size N] [--copy-mib N] [--case ID]... [--list]\n"
             << "  --algos: comma list of cudnn (all four cuDNN algorithms), cudnn:standard,\n"
             << "           cudnn:persist_static, cudnn:persist_dynamic, cudnn:persist_static_small_h,\n"
             << "           naive (only on --naive-suite suites, default paper), or an LSTM algo name\n";
@@ -193,6 +194,8 @@ Options parse_args(int argc, char** argv) {
       o.gemm_n = parse_int(a, value(), 256);
     } else if (a == "--copy-mib") {
       o.copy_mib = parse_int(a, value(), 1);
+    } else if (a == "--case") {
+      append(o.case_ids);
     } else if (a == "--list") {
       o.list = true;
     } else if (a == "-h" || a == "--help") {
@@ -376,6 +379,7 @@ Plan make_plan(const Options& opt) {
       cs.bidir = c.value("bidirectional", false);
       if (cs.H < 1 || cs.B < 1 || cs.T < 1)
         throw lstm::Error("suites file: case without hidden/batch/steps: " + c.dump());
+      if (!opt.case_ids.empty() && !contains(opt.case_ids, cs.id())) continue;
       auto it = by_id.find(cs.id());
       size_t idx;
       if (it == by_id.end()) {
@@ -389,6 +393,12 @@ Plan make_plan(const Options& opt) {
       if (opt.check_all || contains(opt.check_suites, s))
         if (p.cases[idx].gflop(true) <= opt.check_max_gflop) p.check_cases.insert(idx);
     }
+  }
+
+  for (const auto& id : opt.case_ids) {
+    bool found = false;
+    for (const auto& c : p.cases) found = found || c.id() == id;
+    if (!found) usage_error("--case: no case of the chosen suites has the id '" + id + "' (see --list)");
   }
 
   // Cells: algorithm passes in priority order; within a pass, the cheapest cells first, so that

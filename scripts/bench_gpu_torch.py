@@ -21,7 +21,7 @@ above what was allocated before it, plus one x (and one d_output), as bench_gpu_
 Exits 0 with a note (and a header line with "error") when torch or a CUDA GPU is missing.
 
   python3 scripts/bench_gpu_torch.py --out torch.jsonl [--suite NAME]... [--dtype D]...
-          [--mode infer|train]... [--repeats N] [--warmup N] [--quick] [--budget-s S] [--list]
+          [--mode infer|train]... [--repeats N] [--warmup N] [--quick] [--budget-s S] [--case ID]... [--list]
 """
 import argparse
 import datetime
@@ -78,6 +78,7 @@ def make_plan(args):
         if m not in ("infer", "train"):
             sys.exit(f"bench_gpu_torch: --mode accepts infer and train, got {m!r}")
     per_suite = args.cases_per_suite or (1 if args.quick else 0)
+    only = set(split_append(args.case))
     cases, by_id = [], {}
     for s in suites:
         for n, c in enumerate(doc["suites"][s]["cases"]):
@@ -87,11 +88,16 @@ def make_plan(args):
             cs = {"L": int(c.get("layers", 1)), "H": h, "I": int(c.get("input", h)), "B": int(c["batch"]),
                   "T": int(c["steps"]), "bidirectional": bool(c.get("bidirectional", False)), "suites": []}
             key = case_id(cs)
+            if only and key not in only:
+                continue
             if key not in by_id:
                 by_id[key] = len(cases)
                 cases.append(cs)
             if s not in cases[by_id[key]]["suites"]:
                 cases[by_id[key]]["suites"].append(s)
+    for key in only:
+        if key not in by_id:
+            sys.exit(f"bench_gpu_torch: --case: no case of the chosen suites has the id {key!r} (see --list)")
     cells = [(ci, m, d) for ci in range(len(cases)) for d in dtypes for m in modes]
     cells.sort(key=lambda cell: case_gflop(cases[cell[0]], cell[1] == "train"))  # stable
     return suites, dtypes, modes, cases, cells
@@ -117,6 +123,7 @@ def main():
     ap.add_argument("--out", help="JSON lines output file")
     ap.add_argument("--quick", action="store_true", help="first case of each suite, fp32 and bf16: a smoke test")
     ap.add_argument("--cases-per-suite", type=int, default=0)
+    ap.add_argument("--case", action="append", help="only this case id, e.g. L2-H1024-I1024-B64-T100 (repeatable)")
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="stop starting cells after this many seconds (they are recorded as not run); 0: no limit")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")

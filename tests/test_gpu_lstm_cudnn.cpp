@@ -22,6 +22,7 @@
 #include "lstm/safetensors.hpp"
 #include "lstm/tensor.hpp"
 #if LSTM_HAVE_CUDA
+#include "core/cuda_rt.hpp"
 #include "cudnn/lstm_cudnn.hpp"
 #include "cudnn/lstm_cudnn_backend.hpp"
 #endif
@@ -432,7 +433,7 @@ TEST_P(CudnnLstmMatches, Reference) {
 
 std::vector<AlgoPrec> algo_precs() {
   std::vector<AlgoPrec> v{{"standard", kF64}};
-  for (const char* a : {"standard", "persist_static", "persist_dynamic", "persist_static_small_h", "auto"})
+  for (const char* a : {"standard", "persist_static", "persist_dynamic", "persist_static_small_h", "auto", "heuristic"})
     for (const Prec& p : {kF32, kTF32, kBF16, kF16}) v.push_back({a, p});
   return v;
 }
@@ -619,6 +620,59 @@ TEST(CudnnLstm, AutoPicksAnAlgorithmThatAcceptsTheCase) {
   compare(run_gpu(*be, pv, DType::F16, true), run_reference(pv), pv, kF16.tol);
   EXPECT_EQ(cb->last_algo(), "standard");
   EXPECT_NE(cb->auto_log().find("skipped (variable lengths)"), std::string::npos) << cb->auto_log();
+#endif
+}
+
+// "heuristic" runs the algorithm PyTorch's rule names: persist_static_small_h for small hidden sizes
+// (up to 192 in inference, 128 in training), persist_static for single-layer fp16, standard
+// otherwise and for variable lengths; each call's results match the float64 reference.
+TEST(CudnnLstm, HeuristicRunsTheAlgorithmPytorchsRuleNames) {
+  SKIP_WITHOUT_GPU();
+#if LSTM_HAVE_CUDA
+  struct H {
+    Case c;
+    Prec pr;
+    bool training;
+    std::string want;
+  };
+  const std::vector<H> hs = {
+      {{"small_h_infer", make_spec(32, 64, 2, true), 9, 8, {}, true}, kF32, false, "persist_static_small_h"},
+      {{"small_h_train", make_spec(32, 64, 2, true), 9, 8, {}, true}, kF32, true, "persist_static_small_h"},
+      {{"mid_h_infer", make_spec(32, 160, 1, false), 9, 8, {}, false}, kTF32, false, "persist_static_small_h"},
+      {{"mid_h_train", make_spec(32, 160, 1, false), 9, 8, {}, false}, kTF32, true, "standard"},
+      {{"small_h_varlen", make_spec(32, 64, 1, false), 9, 4, {9, 2, 5, 9}, false}, kBF16, false, "standard"},
+      {{"f16_one_layer", make_spec(128, 256, 1, false), 12, 16, {}, false}, kF16, false, "persist_static"},
+      {{"f16_one_layer_train", make_spec(128, 256, 1, false), 12, 16, {}, false}, kF16, true, "persist_static"},
+      {{"f16_two_layers", make_spec(128, 256, 2, false), 12, 16, {}, false}, kF16, false, "standard"},
+  };
+  const cudaDeviceProp& prop = cuda::device_prop();
+  uint64_t seed = 500;
+  for (const H& h : hs) {
+    SCOPED_TRACE(h.c.name);
+    const std::string want = cudnn_heuristic_algo(h.c.spec, h.pr.dt, h.c.T, h.c.B, !h.c.lengths.empty(), h.training,
+                                                  prop.major, prop.minor, prop.multiProcessorCount);
+    // The expectations above are the rule's answers on sm_80 and newer with at least 100 SMs.
+    if (prop.major >= 8 && prop.multiProcessorCount >= 100) {
+      EXPECT_EQ(want, h.want);
+    }
+    const Problem p = make_problem(h.c, ++seed);
+    const Result ref = run_reference(p);
+    auto be = cudnn("heuristic", h.pr, h.c.spec);
+    auto* cb = dynamic_cast<CudnnLstmBackend*>(be.get());
+    ASSERT_TRUE(cb);
+    if (h.training) {
+      compare(run_gpu(*be, p, h.pr.dt, true), ref, p, h.pr.tol);
+    } else {
+      std::vector<Tensor> w;
+      for (const auto& t : p.w) w.push_back(on_gpu(t, h.pr.dt));
+      LstmInput in{on_gpu(p.in.x, h.pr.dt), p.in.lengths, on_gpu(p.in.h0, h.pr.dt), on_gpu(p.in.c0, h.pr.dt)};
+      LstmOutput out = be->forward(h.c.spec, w, in, false, nullptr, nullptr);
+      expect_close(f64(out.output), ref.out.output, h.pr.tol, "output");
+      expect_close(f64(out.h_n), ref.out.h_n, h.pr.tol, "h_n");
+      expect_close(f64(out.c_n), ref.out.c_n, h.pr.tol, "c_n");
+    }
+    EXPECT_EQ(cb->last_algo(), want);
+  }
 #endif
 }
 
