@@ -9,10 +9,14 @@
 // L2), and are timed in interleaved rounds (round r times every variant in turn), so a clock drift
 // over the run reaches every variant alike. Each variant reports the median over rounds of the
 // per-round median; the output of each is compared with the case's reference variant (FMA for F32
-// data, tensor-op math otherwise) as max |a - b| / max |ref|.
+// data, tensor-op math otherwise) as max |a - b| / max |ref| (inf when an output is not finite).
+// "engine:<algo>" rows run the same case through our cuDNN backend (make_lstm_backend), in the
+// same rounds, so the difference to the raw rows is the engine's own overhead.
 //
 //   probe_cudnn_settings --case L,H,I,B,T [--case ...] [--dtype fp32,tf32,bf16,fp16]
-//                        [--mode infer,train] [--rounds N] [--reps N] [--out FILE.jsonl]
+//                        [--mode infer,train] [--rounds N] [--reps N] [--x-scale S] [--w-scale S]
+//                        [--out FILE.jsonl]
+// --x-scale 1e6 --w-scale 1e-6 shows whether a math type keeps fp32's range (x beyond fp16's).
 //
 // One JSON object per line (also printed as a table on stdout). Without a GPU it says so and exits 0.
 #include <algorithm>
@@ -29,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lstm/device.hpp"
+#include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
 #include "lstm/tensor.hpp"
 
@@ -58,13 +63,14 @@ struct Options {
   std::vector<std::string> dtypes{"fp32", "tf32", "bf16", "fp16"};
   std::vector<std::string> modes{"infer"};
   int rounds = 5, reps = 20;
+  double x_scale = 1.0, w_scale = 1.0;  // x ~ U(-x_scale, x_scale); weights ~ w_scale * U(-1/sqrt(H), 1/sqrt(H))
   std::string out;
 };
 
 [[noreturn]] void usage(const std::string& msg) {
   std::cerr << "probe_cudnn_settings: " << msg
             << "\nusage: probe_cudnn_settings --case L,H,I,B,T [--case ...] [--dtype fp32,tf32,bf16,fp16]"
-               " [--mode infer,train] [--rounds N] [--reps N] [--out FILE.jsonl]\n";
+               " [--mode infer,train] [--rounds N] [--reps N] [--x-scale S] [--w-scale S] [--out FILE.jsonl]\n";
   std::exit(2);
 }
 
@@ -85,6 +91,17 @@ int to_int(const std::string& s, const char* what) {
     return v;
   } catch (const std::exception&) {
     usage(std::string(what) + ": expected a positive integer, got '" + s + "'");
+  }
+}
+
+double to_double(const std::string& s, const char* what) {
+  try {
+    size_t pos = 0;
+    const double v = std::stod(s, &pos);
+    if (pos != s.size() || !(v > 0)) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    usage(std::string(what) + ": expected a positive number, got '" + s + "'");
   }
 }
 
@@ -126,6 +143,10 @@ Options parse(int argc, char** argv) {
       o.rounds = to_int(value(), "--rounds");
     } else if (a == "--reps") {
       o.reps = to_int(value(), "--reps");
+    } else if (a == "--x-scale") {
+      o.x_scale = to_double(value(), "--x-scale");
+    } else if (a == "--w-scale") {
+      o.w_scale = to_double(value(), "--w-scale");
     } else if (a == "--out") {
       o.out = value();
     } else if (a == "-h" || a == "--help") {
@@ -148,8 +169,10 @@ struct Variant {
   cudnnRNNAlgo_t algo;
   bool packed;
   cudnnMathType_t math;
+  bool engine = false;  // our cuDNN backend (make_lstm_backend, cudnn_algo = algo), not a raw call
   std::string name() const {
     std::string s = algo == CUDNN_RNN_ALGO_STANDARD ? "standard" : "persist_static";
+    if (engine) return "engine:" + s;
     s += packed ? "/packed" : "/unpacked";
     switch (math) {
       case CUDNN_FMA_MATH: s += "/fma"; break;
@@ -197,9 +220,11 @@ struct Run {
   Variant v;
   RnnDesc rnn;
   DataDesc x, y;
+  std::unique_ptr<lstm::LstmBackend> be;  // engine variants
   std::string error;  // non-empty: cuDNN refused the variant
   size_t ws = 0, rs = 0;
-  Tensor out;         // last output (inference) for the comparison
+  Tensor out;         // output on slot 0, for the comparison
+  Tensor last;        // the engine's latest output
   std::vector<double> round_ms;
 };
 
@@ -217,6 +242,12 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   for (cudnnRNNAlgo_t a : {CUDNN_RNN_ALGO_STANDARD, CUDNN_RNN_ALGO_PERSIST_STATIC})
     for (bool packed : {false, true})
       for (cudnnMathType_t m : maths_for(dts)) vs.push_back({a, packed, m});
+  for (cudnnRNNAlgo_t a : {CUDNN_RNN_ALGO_STANDARD, CUDNN_RNN_ALGO_PERSIST_STATIC})
+    vs.push_back({a, true, CUDNN_DEFAULT_MATH, true});
+  lstm::LstmSpec spec;
+  spec.input_size = c.I;
+  spec.hidden_size = c.H;
+  spec.num_layers = c.L;
 
   std::vector<std::unique_ptr<Run>> runs;
   size_t wbytes = 0, ws_max = 1;
@@ -225,6 +256,19 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   for (const Variant& v : vs) {
     auto r = std::make_unique<Run>();
     r->v = v;
+    if (v.engine) {
+      try {
+        lstm::LstmOptions lo;
+        lo.algo = lstm::Algo::Cudnn;
+        lo.cudnn_algo = v.algo == CUDNN_RNN_ALGO_STANDARD ? "standard" : "persist_static";
+        lo.allow_tf32 = dts == "tf32";
+        r->be = lstm::make_lstm_backend(lo, spec, dt, Device::CUDA);
+      } catch (const std::exception& e) {
+        r->error = e.what();
+      }
+      runs.push_back(std::move(r));
+      continue;
+    }
     try {
       LSTM_CUDA_CHECK(cudnnSetRNNDescriptor_v8(r->rnn.h, v.algo, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
                                                CUDNN_LINEAR_INPUT, cdt, CUDNN_DATA_FLOAT, v.math, c.I, c.H, c.H, c.L,
@@ -250,16 +294,35 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   lstm::Rng rng(1234 + static_cast<uint64_t>(c.H) * 7 + static_cast<uint64_t>(c.B));
   const double k = 1.0 / std::sqrt(static_cast<double>(c.H));
   const int64_t esz = static_cast<int64_t>(lstm::dtype_size(dt));
-  Tensor w = random_device(rng, static_cast<int64_t>(wbytes) / esz, dt, k);
+  void* wraw = nullptr;
+  Tensor w = random_device(rng, static_cast<int64_t>(wbytes) / esz, dt, k * o.w_scale);
+  // The engine's weights: views into w at the offsets cuDNN gives (the engine then uses w itself
+  // as cuDNN's weight space, as it does for a placed model).
+  std::vector<Tensor> wv;
+  for (auto& r : runs) {
+    if (!r->be) continue;
+    const lstm::LstmBackend::FlatLayout lay = r->be->flat_layout(spec, dt);
+    LSTM_CHECK(lay.bytes == wbytes, "the engine's weight space differs from the raw one");
+    if (wv.empty()) {
+      wv = lstm::make_flat_weights(spec, lay, dt, Device::CUDA);
+      const char* base = static_cast<const char*>(wv[0].raw()) - lay.offsets[0];
+      LSTM_CUDA_CHECK(cudaMemcpy(const_cast<char*>(base), w.raw(), wbytes, cudaMemcpyDeviceToDevice));
+      w = Tensor();  // the raw variants use the engine's buffer from here on
+      wraw = const_cast<char*>(base);
+    }
+  }
+  if (wv.empty()) wraw = w.raw();
   const int64_t xn = static_cast<int64_t>(c.T) * c.B * c.I, yn = static_cast<int64_t>(c.T) * c.B * c.H;
   const size_t l2 = static_cast<size_t>(lstm::cuda::device_prop().l2CacheSize);
   const int64_t slots = std::max<int64_t>(2, static_cast<int64_t>((4 * l2) / static_cast<size_t>(xn * esz)) + 1);
-  Tensor xs = random_device(rng, xn * std::min<int64_t>(slots, 64), dt, 1.0);
+  Tensor xs = random_device(rng, xn * std::min<int64_t>(slots, 64), dt, o.x_scale);
   const int64_t nslots = std::min<int64_t>(slots, 64);
   Tensor dy = train ? random_device(rng, yn, dt, 1.0) : Tensor();
   Tensor y = Tensor::empty({yn}, dt, Device::CUDA), dx = Tensor::empty({xn}, dt, Device::CUDA);
   Tensor hy = Tensor::empty({int64_t{LD} * c.B * c.H}, dt, Device::CUDA), cy = Tensor::empty({int64_t{LD} * c.B * c.H}, dt, Device::CUDA);
   Tensor dw = Tensor::empty({static_cast<int64_t>(wbytes) / esz}, dt, Device::CUDA);
+  std::vector<Tensor> dwv;
+  for (auto& t : wv) dwv.push_back(Tensor::zeros(t.shape(), dt, Device::CUDA));
   TensorDesc hd;
   const int dims[3] = {LD, c.B, c.H}, str[3] = {c.B * c.H, c.H, 1};
   LSTM_CUDA_CHECK(cudnnSetTensorNdDescriptor(hd.h, cdt, 3, dims, str));
@@ -272,14 +335,31 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   const int32_t* dl = static_cast<const int32_t*>(dev_len.get());
 
   int64_t slot = 0;
+  const lstm::Shape xshape{c.T, c.B, c.I};
   auto call = [&](Run& r, int64_t sl) {
     const void* xp = static_cast<const char*>(xs.raw()) + sl * xn * esz;
+    if (r.be) {
+      lstm::LstmInput in;
+      in.x = xs.reshape({nslots * c.T, c.B, c.I}).slice0(sl * c.T, (sl + 1) * c.T);
+      if (!train) {
+        r.last = r.be->forward(spec, wv, in, false, nullptr, nullptr).output;
+        return;
+      }
+      lstm::Rng drng(1);
+      std::unique_ptr<lstm::LstmSaved> saved;
+      lstm::LstmOutput out = r.be->forward(spec, wv, in, true, &drng, &saved);
+      lstm::LstmGradOutput g;
+      g.d_output = dy.reshape({c.T, c.B, c.H});
+      r.be->backward(spec, wv, *saved, g, dwv);
+      r.last = out.output;
+      return;
+    }
     LSTM_CUDA_CHECK(cudnnRNNForward(h, r.rnn.h, train ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE, dl, r.x.h,
                                     xp, r.y.h, y.raw(), hd.h, nullptr, hy.raw(), hd.h, nullptr, cy.raw(), wbytes,
-                                    w.raw(), r.ws, ws.get(), train ? r.rs : 0, train ? reserve.get() : nullptr));
+                                    wraw, r.ws, ws.get(), train ? r.rs : 0, train ? reserve.get() : nullptr));
     if (!train) return;
     LSTM_CUDA_CHECK(cudnnRNNBackwardData_v8(h, r.rnn.h, dl, r.y.h, y.raw(), dy.raw(), r.x.h, dx.raw(), hd.h, nullptr,
-                                            nullptr, nullptr, hd.h, nullptr, nullptr, nullptr, wbytes, w.raw(), r.ws,
+                                            nullptr, nullptr, hd.h, nullptr, nullptr, nullptr, wbytes, wraw, r.ws,
                                             ws.get(), r.rs, reserve.get()));
     LSTM_CUDA_CHECK(cudnnRNNBackwardWeights_v8(h, r.rnn.h, CUDNN_WGRAD_MODE_ADD, dl, r.x.h, xp, hd.h, nullptr, r.y.h,
                                                y.raw(), wbytes, dw.raw(), r.ws, ws.get(), r.rs, reserve.get()));
@@ -291,7 +371,7 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
     try {
       LSTM_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0xff, y.nbytes(), s));  // NaN poison
       for (int i = 0; i < 3; ++i) call(*r, 0);
-      r->out = y.cpu();
+      r->out = r->be ? r->last.cpu().reshape({yn}) : y.cpu();
     } catch (const std::exception& e) {
       r->error = e.what();
     }
@@ -340,7 +420,7 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
       for (int64_t i = 0; i < yn; ++i) {
         const double a = r->out.get(i);
         finite = finite && std::isfinite(a);
-        d = std::max(d, std::fabs(a - ref->out.get(i)));
+        d = std::isfinite(a) ? std::max(d, std::fabs(a - ref->out.get(i))) : INFINITY;
       }
       j["ms"] = median(r->round_ms);
       j["round_ms"] = r->round_ms;

@@ -46,6 +46,8 @@
 #   LSTM_GPU_SUITES_FILE      suites file (default bench/suites.json of this repository)
 #   LSTM_GPU_SUITES / LSTM_GPU_DTYPES / LSTM_GPU_MODES   space-separated subsets (default all)
 #   LSTM_GPU_REPEATS (10), LSTM_GPU_WARMUP (2)           per cell, both benches
+#   LSTM_GPU_ROUNDS (1)       rounds of (ours, torch), alternating; the report keeps each cell's
+#                             fastest round on both sides (bench/gpu_*_rN.jsonl for rounds >= 2)
 #   LSTM_GPU_BENCH_BUDGET_S (210), LSTM_GPU_TORCH_BUDGET_S (100)   seconds of cells per bench;
 #                             cells not started in time are recorded as "not run"
 #   LSTM_GPU_MAX_CELL_S (0.5) cap per cell for an algorithm > 3x slower than the case's best
@@ -284,45 +286,53 @@ section_gpu_bench() {
   [[ -n "${LSTM_GPU_TORCH_ARGS:-}" ]] && read -r -a torch_extra <<<"$LSTM_GPU_TORCH_ARGS"
   for s in ${LSTM_GPU_CHECK_SUITES-paper}; do checks+=(--check-suite "$s"); done
 
-  log "bench_gpu_lstm (cells budget ${ours_budget}s)"
-  # The hard limit leaves room for the ceilings, the CPU reference checks and the last cell.
-  local hard=$(( ${ours_budget%.*} > 0 ? ${ours_budget%.*} + 120 : 0 ))  # timeout 0: no limit
-  timeout "$hard" "$bench" "${common[@]}" "${cell[@]}" --budget-s "$ours_budget" \
-    --max-cell-s "${LSTM_GPU_MAX_CELL_S:-0.5}" "${checks[@]}" "${ours_extra[@]}" \
-    --out "$OUT/bench/gpu_ours.jsonl" >"$OUT/logs/gpu_ours.log" 2>&1
-  r=$?
-  grep -E "^ceiling|^bench_gpu_lstm" "$OUT/logs/gpu_ours.log" | tail -n 8
-  case $r in
-    0) ;;
-    3) rc=1; log "bench_gpu_lstm: a correctness check against the CPU reference FAILED (logs/gpu_ours.log)" ;;
-    124) rc=1; log "bench_gpu_lstm: hard time limit hit; rows finished before it are kept" ;;
-    *) rc=1; log "bench_gpu_lstm exited $r (logs/gpu_ours.log)" ;;
-  esac
-  local gpu_note=""
-  if head -n 1 "$OUT/bench/gpu_ours.jsonl" 2>/dev/null | grep -q '"error"'; then
-    # A GPU check without a GPU is a failed check, not a pass with nothing in it.
-    gpu_note="no GPU: $(head -n 1 "$OUT/logs/gpu_ours.log")"
-    rc=1
-  fi
-
-  local ins=(--in "$OUT/bench/gpu_ours.jsonl") torch_ok=0
+  local ins=() torch_ok=0 gpu_note="" rounds=${LSTM_GPU_ROUNDS:-1} round sfx hard
   if have_python && "$PYTHON" -c "import torch" >/dev/null 2>&1; then torch_ok=1; fi
-  if (( torch_ok )); then
-    log "bench_gpu_torch.py (cells budget ${torch_budget}s)"
-    hard=$(( ${torch_budget%.*} > 0 ? ${torch_budget%.*} + 90 : 0 ))
-    PYTHONUNBUFFERED=1 timeout "$hard" "$PYTHON" "$SCRIPT_DIR/bench_gpu_torch.py" \
-      "${common[@]}" "${cell[@]}" --budget-s "$torch_budget" "${torch_extra[@]}" \
-      --out "$OUT/bench/gpu_torch.jsonl" >"$OUT/logs/gpu_torch.log" 2>&1
+  [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { NOTE="LSTM_GPU_ROUNDS must be a positive integer, got '$rounds'"; log "$NOTE"; return 1; }
+  # Rounds alternate ours and torch, so that a slow spell of the machine (clocks, host jitter in
+  # launch-bound cases) reaches both sides alike; the report keeps each cell's fastest round.
+  for (( round = 1; round <= rounds; round++ )); do
+    sfx=""; (( round > 1 )) && sfx="_r$round"
+    log "bench_gpu_lstm round $round/$rounds (cells budget ${ours_budget}s)"
+    # The hard limit leaves room for the ceilings, the CPU reference checks and the last cell.
+    hard=$(( ${ours_budget%.*} > 0 ? ${ours_budget%.*} + 120 : 0 ))  # timeout 0: no limit
+    local round_args=("${checks[@]}")
+    (( round > 1 )) && round_args=(--no-ceilings)  # ceilings and checks once
+    timeout "$hard" "$bench" "${common[@]}" "${cell[@]}" --budget-s "$ours_budget" \
+      --max-cell-s "${LSTM_GPU_MAX_CELL_S:-0.5}" "${round_args[@]}" "${ours_extra[@]}" \
+      --out "$OUT/bench/gpu_ours$sfx.jsonl" >"$OUT/logs/gpu_ours$sfx.log" 2>&1
     r=$?
-    tail -n 1 "$OUT/logs/gpu_torch.log"
-    if (( r != 0 )); then
+    grep -E "^ceiling|^bench_gpu_lstm" "$OUT/logs/gpu_ours$sfx.log" | tail -n 8
+    case $r in
+      0) ;;
+      3) rc=1; log "bench_gpu_lstm: a correctness check against the CPU reference FAILED (logs/gpu_ours$sfx.log)" ;;
+      124) rc=1; log "bench_gpu_lstm: hard time limit hit; rows finished before it are kept" ;;
+      *) rc=1; log "bench_gpu_lstm exited $r (logs/gpu_ours$sfx.log)" ;;
+    esac
+    if head -n 1 "$OUT/bench/gpu_ours$sfx.jsonl" 2>/dev/null | grep -q '"error"'; then
+      # A GPU check without a GPU is a failed check, not a pass with nothing in it.
+      gpu_note="no GPU: $(head -n 1 "$OUT/logs/gpu_ours$sfx.log")"
       rc=1
-      log "bench_gpu_torch.py exited $r (logs/gpu_torch.log)"
     fi
-    ins+=(--in "$OUT/bench/gpu_torch.jsonl")
-  else
-    log "torch is not importable by $PYTHON: no same-run PyTorch comparison"
-  fi
+    ins+=(--in "$OUT/bench/gpu_ours$sfx.jsonl")
+
+    if (( torch_ok )); then
+      log "bench_gpu_torch.py round $round/$rounds (cells budget ${torch_budget}s)"
+      hard=$(( ${torch_budget%.*} > 0 ? ${torch_budget%.*} + 90 : 0 ))
+      PYTHONUNBUFFERED=1 timeout "$hard" "$PYTHON" "$SCRIPT_DIR/bench_gpu_torch.py" \
+        "${common[@]}" "${cell[@]}" --budget-s "$torch_budget" "${torch_extra[@]}" \
+        --out "$OUT/bench/gpu_torch$sfx.jsonl" >"$OUT/logs/gpu_torch$sfx.log" 2>&1
+      r=$?
+      tail -n 1 "$OUT/logs/gpu_torch$sfx.log"
+      if (( r != 0 )); then
+        rc=1
+        log "bench_gpu_torch.py exited $r (logs/gpu_torch$sfx.log)"
+      fi
+      ins+=(--in "$OUT/bench/gpu_torch$sfx.jsonl")
+    elif (( round == 1 )); then
+      log "torch is not importable by $PYTHON: no same-run PyTorch comparison"
+    fi
+  done
 
   if have_python; then
     "$PYTHON" "$SCRIPT_DIR/gpu_report.py" "${ins[@]}" --suites-file "$suites" --json "$OUT/gpu_results.json" \

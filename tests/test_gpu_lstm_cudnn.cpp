@@ -676,6 +676,33 @@ TEST(CudnnLstm, HeuristicRunsTheAlgorithmPytorchsRuleNames) {
 #endif
 }
 
+// TF32 keeps fp32's exponent range: inputs far beyond fp16's largest value (65504) give the same
+// result as in float64, in every algorithm that accepts the case (a math mode that converted F32
+// data to half precision would turn them into inf).
+TEST(CudnnLstm, Tf32KeepsTheFp32Range) {
+  SKIP_WITHOUT_GPU();
+#if LSTM_HAVE_CUDA
+  const Case c{"wide_range", make_spec(32, 64, 1, false), 8, 8, {}, false};
+  Problem p = make_problem(c, 77);
+  // x ~ U(-1e6, 1e6), the input weights scaled down by 1e-6: pre-activations stay O(1).
+  for (int64_t i = 0; i < p.in.x.numel(); ++i) p.in.x.set(i, p.in.x.get(i) * 1e6);
+  for (size_t i = 0; i < p.w.size(); ++i)
+    if (c.spec.param_names()[i].rfind("weight_ih", 0) == 0)
+      for (int64_t j = 0; j < p.w[i].numel(); ++j) p.w[i].set(j, p.w[i].get(j) * 1e-6);
+  const Result ref = run_reference(p);
+  for (const char* algo : {"standard", "persist_static", "persist_static_small_h", "heuristic"}) {
+    SCOPED_TRACE(algo);
+    auto be = cudnn(algo, kTF32, c.spec);
+    std::vector<Tensor> w;
+    for (const auto& t : p.w) w.push_back(on_gpu(t, DType::F32));
+    const LstmInput in{on_gpu(p.in.x, DType::F32), {}, {}, {}};
+    const LstmOutput out = be->forward(c.spec, w, in, false, nullptr, nullptr);
+    expect_close(f64(out.output), ref.out.output, 3 * kTF32.tol, "output");
+    expect_close(f64(out.c_n), ref.out.c_n, 3 * kTF32.tol, "c_n");
+  }
+#endif
+}
+
 // ---- Dropout between layers ----
 
 TEST(CudnnLstm, DropoutTrainingDiffersInferenceIsDeterministic) {
@@ -683,39 +710,48 @@ TEST(CudnnLstm, DropoutTrainingDiffersInferenceIsDeterministic) {
 #if LSTM_HAVE_CUDA
   LstmSpec s = make_spec(16, 32, 3, true);
   s.dropout = 0.4;
-  const Case c{"drop", s, 8, 4, {8, 3, 6, 1}, true};
-  const Problem p = make_problem(c, 21);
-  auto be = cudnn("standard", kF32, s);
-  std::vector<Tensor> w;
-  for (auto& t : p.w) w.push_back(on_gpu(t, DType::F32));
-  LstmInput in{on_gpu(p.in.x, DType::F32), p.in.lengths, on_gpu(p.in.h0, DType::F32), on_gpu(p.in.c0, DType::F32)};
-  Rng rng(5);
-  const Tensor inf1 = f64(be->forward(s, w, in, false, &rng, nullptr).output);
-  const Tensor inf2 = f64(be->forward(s, w, in, false, &rng, nullptr).output);
-  EXPECT_EQ(max_abs_diff(inf1, inf2), 0.0) << "inference must not drop";
-  // Inference equals the reference without dropout.
-  LstmSpec nodrop = s;
-  nodrop.dropout = 0;
-  Problem pn = p;
-  pn.spec = nodrop;
-  expect_close(inf1, run_reference(pn).out.output, kF32.tol, "inference output");
+  // Standard with variable lengths; the default algorithm (PyTorch's rule) with equal lengths,
+  // which takes persist_static_small_h at this hidden size, in training too.
+  for (const auto& [algo, lengths] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"standard", {8, 3, 6, 1}}, {LstmOptions{}.cudnn_algo, {}}}) {
+    SCOPED_TRACE(algo);
+    const Case c{"drop", s, 8, 4, lengths, true};
+    const Problem p = make_problem(c, 21);
+    auto be = cudnn(algo, kF32, s);
+    std::vector<Tensor> w;
+    for (auto& t : p.w) w.push_back(on_gpu(t, DType::F32));
+    LstmInput in{on_gpu(p.in.x, DType::F32), p.in.lengths, on_gpu(p.in.h0, DType::F32), on_gpu(p.in.c0, DType::F32)};
+    Rng rng(5);
+    const Tensor inf1 = f64(be->forward(s, w, in, false, &rng, nullptr).output);
+    const Tensor inf2 = f64(be->forward(s, w, in, false, &rng, nullptr).output);
+    EXPECT_EQ(max_abs_diff(inf1, inf2), 0.0) << "inference must not drop";
+    // Inference equals the reference without dropout.
+    LstmSpec nodrop = s;
+    nodrop.dropout = 0;
+    Problem pn = p;
+    pn.spec = nodrop;
+    expect_close(inf1, run_reference(pn).out.output, kF32.tol, "inference output");
 
-  std::unique_ptr<LstmSaved> saved;
-  const Tensor tr1 = f64(be->forward(s, w, in, true, &rng, &saved).output);
-  const Tensor tr2 = f64(be->forward(s, w, in, true, &rng, nullptr).output);
-  EXPECT_GT(max_abs_diff(tr1, inf1), 1e-3) << "training must drop";
-  EXPECT_GT(max_abs_diff(tr1, tr2), 1e-3) << "masks must change from call to call";
-  EXPECT_FALSE(has_non_finite(tr1));
-  expect_zero_past_lengths(tr1, s, p.in.lengths, c.T, c.B, "training output");
-  std::vector<Tensor> dw;
-  for (auto& t : w) dw.push_back(Tensor::zeros(t.shape(), DType::F32, Device::CUDA));
-  LstmGradOutput g{on_gpu(p.grad.d_output, DType::F32), {}, {}};
-  LstmGrads r = be->backward(s, w, *saved, g, dw);
-  EXPECT_FALSE(has_non_finite(r.d_x.cpu()));
-  expect_zero_past_lengths(r.d_x.cpu(), s, p.in.lengths, c.T, c.B, "d_x");
-  for (auto& t : dw) EXPECT_FALSE(has_non_finite(t.cpu()));
-  // The saved state is spent.
-  EXPECT_NE(error_of([&] { be->backward(s, w, *saved, g, dw); }), "");
+    std::unique_ptr<LstmSaved> saved;
+    const Tensor tr1 = f64(be->forward(s, w, in, true, &rng, &saved).output);
+    const Tensor tr2 = f64(be->forward(s, w, in, true, &rng, nullptr).output);
+    EXPECT_GT(max_abs_diff(tr1, inf1), 1e-3) << "training must drop";
+    EXPECT_GT(max_abs_diff(tr1, tr2), 1e-3) << "masks must change from call to call";
+    if (algo != "standard") {
+      EXPECT_EQ(dynamic_cast<CudnnLstmBackend&>(*be).last_algo(), "persist_static_small_h");
+    }
+    EXPECT_FALSE(has_non_finite(tr1));
+    expect_zero_past_lengths(tr1, s, p.in.lengths, c.T, c.B, "training output");
+    std::vector<Tensor> dw;
+    for (auto& t : w) dw.push_back(Tensor::zeros(t.shape(), DType::F32, Device::CUDA));
+    LstmGradOutput g{on_gpu(p.grad.d_output, DType::F32), {}, {}};
+    LstmGrads r = be->backward(s, w, *saved, g, dw);
+    EXPECT_FALSE(has_non_finite(r.d_x.cpu()));
+    expect_zero_past_lengths(r.d_x.cpu(), s, p.in.lengths, c.T, c.B, "d_x");
+    for (auto& t : dw) EXPECT_FALSE(has_non_finite(t.cpu()));
+    // The saved state is spent.
+    EXPECT_NE(error_of([&] { be->backward(s, w, *saved, g, dw); }), "");
+  }
 #endif
 }
 

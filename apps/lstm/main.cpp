@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
 
   auto* train = app.add_subcommand("train", "train a model (no arguments: the default character language model job)");
   std::string config_path, data_path, out_dir = "runs/default", device = "cpu", precision = "f32", algo = "auto",
-                                      cudnn_algo = "standard";
+                                      cudnn_algo = "heuristic";
   int64_t steps = -1;
   int threads = 0;
   bool resume = false;

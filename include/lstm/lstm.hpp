@@ -134,11 +134,12 @@ struct LstmOptions {
   // For Algo::Cudnn: cuDNN's own algorithm, "standard", "persist_static", "persist_dynamic",
   // "persist_static_small_h", "auto" (each algorithm that accepts the shape is timed once per
   // shape and mode on first use, like torch.backends.cudnn.benchmark, and the fastest is kept),
-  // or "heuristic" (PyTorch nn.LSTM's rule: small-hidden and fp16 single-layer shapes take the
-  // persistent algorithms, everything else standard; nothing is timed).
-  std::string cudnn_algo = "standard";
+  // or "heuristic" (the default: PyTorch nn.LSTM's rule, so a model runs the algorithm it runs
+  // under PyTorch: small-hidden and fp16 single-layer shapes take the persistent algorithms,
+  // everything else standard; nothing is timed).
+  std::string cudnn_algo = "heuristic";
   // F32 data may use TF32 tensor cores (torch.backends.cudnn.allow_tf32). bf16/f16 data always
-  // uses tensor cores with fp32 accumulation.
+  // uses tensor cores with fp32 accumulation. The math modes are PyTorch's (see lstm_cudnn.cpp).
   bool allow_tf32 = false;
 };
 

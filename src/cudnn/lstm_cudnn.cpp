@@ -181,8 +181,12 @@ cudnnDataType_t data_type(DType dt) {
   LSTM_THROW("the cuDNN LSTM computes in F32, BF16, F16 or F64, not " << dtype_name(dt));
 }
 
-// Half-precision data computes in fp32 on tensor cores; F32 data in plain fp32 FMA unless TF32 is
-// allowed (FMA_MATH rather than DEFAULT_MATH, which may pick TF32 kernels on Ampere and newer).
+// The math cuDNN may use, as PyTorch's nn.LSTM asks for it (aten/src/ATen/cudnn/Descriptors.h):
+// compute precision fp32 for every float dtype; F16 data on tensor cores (TENSOR_OP); BF16 data
+// and TF32-allowed F32 data with DEFAULT_MATH, which on Ampere and newer runs F32 GEMMs as TF32;
+// F32 without TF32 in plain FMA. Never TENSOR_OP_MATH_ALLOW_CONVERSION: it lets cuDNN convert F32
+// data to half precision (faster, but inputs beyond fp16's range +-65504 become inf; measured with
+// bench/probe_cudnn_settings, docs/PERFORMANCE.md).
 void math_for(DType dt, bool allow_tf32, cudnnDataType_t* prec, cudnnMathType_t* math) {
   switch (dt) {
     case DType::F64:
@@ -191,7 +195,11 @@ void math_for(DType dt, bool allow_tf32, cudnnDataType_t* prec, cudnnMathType_t*
       return;
     case DType::F32:
       *prec = CUDNN_DATA_FLOAT;
-      *math = allow_tf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH;
+      *math = allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+      return;
+    case DType::BF16:
+      *prec = CUDNN_DATA_FLOAT;
+      *math = CUDNN_DEFAULT_MATH;
       return;
     default:
       *prec = CUDNN_DATA_FLOAT;
