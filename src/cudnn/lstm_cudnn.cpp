@@ -282,11 +282,21 @@ LstmBackend::FlatLayout compute_layout(cudnnHandle_t h, cudnnRNNDescriptor_t rnn
 }
 
 // ---- Per-call data descriptors ----
+// Set for one (T, lengths); a call with the same ones re-uses them as they are, without touching
+// cuDNN or the device (the host work per call is what a launch-bound case waits for).
 struct DataDescs {
   RnnDataDesc x, y;
   Tensor dev_len;                // B int32 on the device (cuDNN's devSeqLengths)
   std::vector<int32_t> lengths;  // what dev_len holds
+  int64_t T = -1;                // what x and y describe (-1: not set yet)
   bool padded = false;           // some sequence is shorter than T
+  // cudnnGetRNNTempSpaceSizes' answers for these descriptors, per RNN descriptor and mode.
+  struct Sizes {
+    cudnnRNNDescriptor_t rnn;
+    cudnnForwardMode_t mode;
+    size_t ws, rs;
+  };
+  std::vector<Sizes> sizes;
 };
 
 // ---- A plan: everything that depends on (spec, dtype, algorithm, batch) but not on the lengths ----
@@ -303,8 +313,10 @@ struct Plan {
   std::unique_ptr<RnnDesc> rnn_drop;          // with dropout; made on first training use
   TensorDesc hdesc, cdesc;
   LstmBackend::FlatLayout layout;
-  DataDescs infer;                            // reused by inference calls
-  int64_t infer_T = -1;
+  // Reused by inference calls. A training call makes its own, which its saved state keeps for
+  // the backward (keeping the last one in the plan instead changed which arena blocks are live
+  // across steps and cost a cudaMalloc after warm-up in GpuTraining tests).
+  DataDescs infer;
   CaseText what;                              // case_str without batch
 };
 
@@ -549,9 +561,7 @@ class CudnnBackend final : public CudnnLstmBackend {
     cudnnRNNDescriptor_t rnn = sv->dropout ? dropout_rnn(plan) : plan.rnn.get();
     cudnnHandle_t h = cuda::cudnn_handle();
     const CaseText what = case_str(spec, dt, B, T, dd.padded);
-    size_t ws = 0, rs = 0;
-    LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(h, rnn, CUDNN_FWD_MODE_TRAINING, dd.x.get(), &ws, &rs), plan.algo,
-                       what, "cudnnGetRNNTempSpaceSizes");
+    const auto [ws, rs] = temp_sizes(dd, rnn, CUDNN_FWD_MODE_TRAINING, plan.algo, what);
     LSTM_CHECK(rs == sv->reserve_bytes, "cuDNN reserve space changed between forward and backward");
     workspace_.ensure(std::max<size_t>(ws, 1));
     void* reserve = sv->reserve.get();
@@ -611,12 +621,18 @@ class CudnnBackend final : public CudnnLstmBackend {
   }
 
   std::shared_ptr<Plan> get_plan(const LstmSpec& s, DType dt, int a, int64_t B, bool packed) {
+    // The previous call's plan, without building a key (host time is what launch-bound cases wait for).
+    const Plan* lp = last_plan_.get();
+    if (lp && lp->algo == a && lp->B == B && lp->packed == packed && lp->dtype == dt && lp->spec == s) return last_plan_;
     const std::string key = plan_key(s, dt, a, B, packed);
     auto it = plans_.find(key);
-    if (it != plans_.end()) return it->second;
+    if (it != plans_.end()) return last_plan_ = it->second;
     // Shapes that come and go (e.g. the last partial batch) should not pile up; a saved forward
     // keeps its own plan alive.
-    if (plans_.size() >= 32) plans_.clear();
+    if (plans_.size() >= 32) {
+      plans_.clear();
+      last_plan_.reset();
+    }
     auto p = std::make_shared<Plan>();
     p->algo = a;
     p->spec = s;
@@ -642,7 +658,7 @@ class CudnnBackend final : public CudnnLstmBackend {
     const int cstr[3] = {static_cast<int>(B * s.hidden_size), static_cast<int>(s.hidden_size), 1};
     LSTM_CUDA_CHECK(cudnnSetTensorNdDescriptor(p->cdesc.get(), data_type(dt), 3, cdims, cstr));
     plans_[key] = p;
-    return p;
+    return last_plan_ = p;
   }
 
   cudnnDropoutDescriptor_t nodrop_desc() {
@@ -690,6 +706,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   }
 
   void set_data(const Plan& p, DataDescs& dd, int64_t T, const std::vector<int32_t>& len) {
+    if (dd.T == T && dd.lengths == len) return;
     const LstmSpec& s = p.spec;
     const int64_t B = static_cast<int64_t>(len.size());
     bool padded = false;
@@ -712,7 +729,21 @@ class CudnnBackend final : public CudnnLstmBackend {
       cuda::upload_int32(static_cast<int32_t*>(dd.dev_len.raw()), len.data(), B);
       dd.lengths = len;
     }
+    dd.T = T;
     dd.padded = padded;
+    dd.sizes.clear();
+  }
+
+  // Workspace and reserve sizes for a call with these descriptors (asked of cuDNN once).
+  std::pair<size_t, size_t> temp_sizes(DataDescs& dd, cudnnRNNDescriptor_t rnn, cudnnForwardMode_t mode, int algo,
+                                       const CaseText& what) {
+    for (const auto& z : dd.sizes)
+      if (z.rnn == rnn && z.mode == mode) return {z.ws, z.rs};
+    size_t ws = 0, rs = 0;
+    LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(cuda::cudnn_handle(), rnn, mode, dd.x.get(), &ws, &rs), algo, what,
+                       "cudnnGetRNNTempSpaceSizes");
+    dd.sizes.push_back({rnn, mode, ws, rs});
+    return {ws, rs};
   }
 
   // The weight space for `weights`: their own buffer when they are views at the plan's offsets,
@@ -732,15 +763,13 @@ class CudnnBackend final : public CudnnLstmBackend {
   }
 
   // One cudnnRNNForward. In training mode the reserve space is allocated into *reserve.
-  void run_forward(const Plan& p, cudnnRNNDescriptor_t rnn, const DataDescs& dd, bool train_mode, const void* x,
+  void run_forward(const Plan& p, cudnnRNNDescriptor_t rnn, DataDescs& dd, bool train_mode, const void* x,
                    void* y, const void* hx, void* hy, const void* cx, void* cy, const void* w,
                    cuda::DeviceBuffer* reserve, size_t* reserve_bytes, int64_t T, int64_t B) {
     cudnnHandle_t h = cuda::cudnn_handle();
     const cudnnForwardMode_t mode = train_mode ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE;
     const CaseText what = case_str(p.spec, p.dtype, B, T, dd.padded);
-    size_t ws = 0, rs = 0;
-    LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(h, rnn, mode, dd.x.get(), &ws, &rs), p.algo, what,
-                       "cudnnGetRNNTempSpaceSizes");
+    auto [ws, rs] = temp_sizes(dd, rnn, mode, p.algo, what);
     workspace_.ensure(std::max<size_t>(ws, 1));
     void* rptr = nullptr;
     if (train_mode) {
@@ -863,6 +892,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   unsigned long long drop_seed_ = 0;
   double drop_p_ = 0;
   std::map<std::string, std::shared_ptr<Plan>> plans_;
+  std::shared_ptr<Plan> last_plan_;  // one of plans_
   std::map<std::string, int> auto_choice_;
   cuda::DeviceBuffer workspace_, w_copy_, dw_scratch_;
   std::string last_algo_, auto_log_;
