@@ -15,8 +15,10 @@
 //
 //   probe_cudnn_settings --case L,H,I,B,T [--case ...] [--dtype fp32,tf32,bf16,fp16]
 //                        [--mode infer,train] [--rounds N] [--reps N] [--x-scale S] [--w-scale S]
-//                        [--out FILE.jsonl]
+//                        [--null-stream] [--out FILE.jsonl]
 // --x-scale 1e6 --w-scale 1e-6 shows whether a math type keeps fp32's range (x beyond fp16's).
+// --null-stream adds raw calls with PyTorch's settings on the legacy default stream (the stream
+// nn.LSTM runs on unless told otherwise), to tell a stream effect from an engine one.
 //
 // One JSON object per line (also printed as a table on stdout). Without a GPU it says so and exits 0.
 #include <algorithm>
@@ -63,6 +65,7 @@ struct Options {
   std::vector<std::string> dtypes{"fp32", "tf32", "bf16", "fp16"};
   std::vector<std::string> modes{"infer"};
   int rounds = 5, reps = 20;
+  bool null_stream = false;  // also raw calls on the legacy default stream (PyTorch's stream)
   double x_scale = 1.0, w_scale = 1.0;  // x ~ U(-x_scale, x_scale); weights ~ w_scale * U(-1/sqrt(H), 1/sqrt(H))
   std::string out;
 };
@@ -70,7 +73,7 @@ struct Options {
 [[noreturn]] void usage(const std::string& msg) {
   std::cerr << "probe_cudnn_settings: " << msg
             << "\nusage: probe_cudnn_settings --case L,H,I,B,T [--case ...] [--dtype fp32,tf32,bf16,fp16]"
-               " [--mode infer,train] [--rounds N] [--reps N] [--x-scale S] [--w-scale S] [--out FILE.jsonl]\n";
+               " [--mode infer,train] [--rounds N] [--reps N] [--x-scale S] [--w-scale S] [--null-stream] [--out FILE.jsonl]\n";
   std::exit(2);
 }
 
@@ -143,6 +146,8 @@ Options parse(int argc, char** argv) {
       o.rounds = to_int(value(), "--rounds");
     } else if (a == "--reps") {
       o.reps = to_int(value(), "--reps");
+    } else if (a == "--null-stream") {
+      o.null_stream = true;
     } else if (a == "--x-scale") {
       o.x_scale = to_double(value(), "--x-scale");
     } else if (a == "--w-scale") {
@@ -170,6 +175,7 @@ struct Variant {
   bool packed;
   cudnnMathType_t math;
   bool engine = false;  // our cuDNN backend (make_lstm_backend, cudnn_algo = algo), not a raw call
+  bool null_stream = false;  // a raw call on a handle bound to the legacy default stream (PyTorch's default)
   std::string name() const {
     std::string s = algo == CUDNN_RNN_ALGO_STANDARD ? "standard" : "persist_static";
     if (engine) return "engine:" + s;
@@ -180,6 +186,7 @@ struct Variant {
       case CUDNN_TENSOR_OP_MATH: s += "/tensor_op"; break;
       default: s += "/allow_conversion"; break;
     }
+    if (null_stream) s += "/null_stream";
     return s;
   }
 };
@@ -233,7 +240,7 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   const cudnnDataType_t cdt =
       dt == DType::BF16 ? CUDNN_DATA_BFLOAT16 : dt == DType::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
   const bool train = mode == "train";
-  cudnnHandle_t h = lstm::cuda::cudnn_handle();
+  cudnnHandle_t h = lstm::cuda::cudnn_handle();  // the engine's, bound to its stream
   cudaStream_t s = lstm::cuda::stream();
   DropDesc drop;
   LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(drop.h, h, 0.0f, nullptr, 0, 0));
@@ -244,6 +251,22 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
       for (cudnnMathType_t m : maths_for(dts)) vs.push_back({a, packed, m});
   for (cudnnRNNAlgo_t a : {CUDNN_RNN_ALGO_STANDARD, CUDNN_RNN_ALGO_PERSIST_STATIC})
     vs.push_back({a, true, CUDNN_DEFAULT_MATH, true});
+  if (o.null_stream) {
+    // PyTorch's math for the dtype, both layouts, on the legacy default stream.
+    const cudnnMathType_t tm = dts == "fp32" ? CUDNN_FMA_MATH : dts == "fp16" ? CUDNN_TENSOR_OP_MATH : CUDNN_DEFAULT_MATH;
+    for (bool packed : {false, true}) vs.push_back({CUDNN_RNN_ALGO_STANDARD, packed, tm, false, true});
+  }
+  cudnnHandle_t h0 = nullptr;  // bound to the legacy default stream, for null_stream variants
+  if (o.null_stream) {
+    LSTM_CUDA_CHECK(cudnnCreate(&h0));
+    LSTM_CUDA_CHECK(cudnnSetStream(h0, nullptr));
+  }
+  struct HandleGuard {
+    cudnnHandle_t h;
+    ~HandleGuard() {
+      if (h) cudnnDestroy(h);
+    }
+  } h0_guard{h0};
   lstm::LstmSpec spec;
   spec.input_size = c.I;
   spec.hidden_size = c.H;
@@ -354,6 +377,7 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
       r.last = out.output;
       return;
     }
+    cudnnHandle_t h = r.v.null_stream ? h0 : lstm::cuda::cudnn_handle();
     LSTM_CUDA_CHECK(cudnnRNNForward(h, r.rnn.h, train ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE, dl, r.x.h,
                                     xp, r.y.h, y.raw(), hd.h, nullptr, hy.raw(), hd.h, nullptr, cy.raw(), wbytes,
                                     wraw, r.ws, ws.get(), train ? r.rs : 0, train ? reserve.get() : nullptr));
@@ -370,7 +394,9 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
     if (!r->error.empty()) continue;
     try {
       LSTM_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0xff, y.nbytes(), s));  // NaN poison
+      LSTM_CUDA_CHECK(cudaStreamSynchronize(s));
       for (int i = 0; i < 3; ++i) call(*r, 0);
+      LSTM_CUDA_CHECK(cudaDeviceSynchronize());
       r->out = r->be ? r->last.cpu().reshape({yn}) : y.cpu();
     } catch (const std::exception& e) {
       r->error = e.what();
@@ -381,11 +407,13 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   for (int round = 0; round < o.rounds; ++round) {
     for (auto& r : runs) {
       if (!r->error.empty()) continue;
+      const cudaStream_t rs = r->v.null_stream ? cudaStreamLegacy : s;
+      LSTM_CUDA_CHECK(cudaDeviceSynchronize());  // each variant starts on an idle GPU, whatever its stream
       for (int i = 0; i < o.reps; ++i) {
-        LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i)], s));
+        LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i)], rs));
         call(*r, slot);
         slot = (slot + 1) % nslots;
-        LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i) + 1], s));
+        LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i) + 1], rs));
       }
       LSTM_CUDA_CHECK(cudaEventSynchronize(ev.back()));
       std::vector<double> ms;
