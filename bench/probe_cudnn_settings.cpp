@@ -18,7 +18,9 @@
 //                        [--null-stream] [--out FILE.jsonl]
 // --x-scale 1e6 --w-scale 1e-6 shows whether a math type keeps fp32's range (x beyond fp16's).
 // --null-stream adds raw calls with PyTorch's settings on the legacy default stream (the stream
-// nn.LSTM runs on unless told otherwise), to tell a stream effect from an engine one.
+// nn.LSTM runs on unless told otherwise), and nn.LSTM's exact call (unpacked layout, padded I/O,
+// zero h0/c0 tensors rather than null pointers) on either stream: to tell what makes PyTorch's
+// runs of the same cuDNN faster on some shapes (docs/PERFORMANCE.md).
 //
 // One JSON object per line (also printed as a table on stdout). Without a GPU it says so and exits 0.
 #include <algorithm>
@@ -176,6 +178,7 @@ struct Variant {
   cudnnMathType_t math;
   bool engine = false;  // our cuDNN backend (make_lstm_backend, cudnn_algo = algo), not a raw call
   bool null_stream = false;  // a raw call on a handle bound to the legacy default stream (PyTorch's default)
+  bool zero_state = false;   // hx/cx passed as zero tensors (as nn.LSTM does) instead of null pointers
   std::string name() const {
     std::string s = algo == CUDNN_RNN_ALGO_STANDARD ? "standard" : "persist_static";
     if (engine) return "engine:" + s;
@@ -187,6 +190,7 @@ struct Variant {
       default: s += "/allow_conversion"; break;
     }
     if (null_stream) s += "/null_stream";
+    if (zero_state) s += "/zero_state";
     return s;
   }
 };
@@ -255,6 +259,8 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
     // PyTorch's math for the dtype, both layouts, on the legacy default stream.
     const cudnnMathType_t tm = dts == "fp32" ? CUDNN_FMA_MATH : dts == "fp16" ? CUDNN_TENSOR_OP_MATH : CUDNN_DEFAULT_MATH;
     for (bool packed : {false, true}) vs.push_back({CUDNN_RNN_ALGO_STANDARD, packed, tm, false, true});
+    // nn.LSTM's call exactly (unpacked, padded I/O, zero h0/c0 tensors), on either stream.
+    for (bool ns : {false, true}) vs.push_back({CUDNN_RNN_ALGO_STANDARD, false, tm, false, ns, true});
   }
   cudnnHandle_t h0 = nullptr;  // bound to the legacy default stream, for null_stream variants
   if (o.null_stream) {
@@ -342,6 +348,7 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   const int64_t nslots = std::min<int64_t>(slots, 64);
   Tensor dy = train ? random_device(rng, yn, dt, 1.0) : Tensor();
   Tensor y = Tensor::empty({yn}, dt, Device::CUDA), dx = Tensor::empty({xn}, dt, Device::CUDA);
+  Tensor zero_state = Tensor::zeros({int64_t{LD} * c.B * c.H}, dt, Device::CUDA);
   Tensor hy = Tensor::empty({int64_t{LD} * c.B * c.H}, dt, Device::CUDA), cy = Tensor::empty({int64_t{LD} * c.B * c.H}, dt, Device::CUDA);
   Tensor dw = Tensor::empty({static_cast<int64_t>(wbytes) / esz}, dt, Device::CUDA);
   std::vector<Tensor> dwv;
@@ -378,14 +385,15 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
       return;
     }
     cudnnHandle_t h = r.v.null_stream ? h0 : lstm::cuda::cudnn_handle();
+    const void* h0p = r.v.zero_state ? zero_state.raw() : nullptr;
     LSTM_CUDA_CHECK(cudnnRNNForward(h, r.rnn.h, train ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE, dl, r.x.h,
-                                    xp, r.y.h, y.raw(), hd.h, nullptr, hy.raw(), hd.h, nullptr, cy.raw(), wbytes,
+                                    xp, r.y.h, y.raw(), hd.h, h0p, hy.raw(), hd.h, h0p, cy.raw(), wbytes,
                                     wraw, r.ws, ws.get(), train ? r.rs : 0, train ? reserve.get() : nullptr));
     if (!train) return;
-    LSTM_CUDA_CHECK(cudnnRNNBackwardData_v8(h, r.rnn.h, dl, r.y.h, y.raw(), dy.raw(), r.x.h, dx.raw(), hd.h, nullptr,
-                                            nullptr, nullptr, hd.h, nullptr, nullptr, nullptr, wbytes, wraw, r.ws,
+    LSTM_CUDA_CHECK(cudnnRNNBackwardData_v8(h, r.rnn.h, dl, r.y.h, y.raw(), dy.raw(), r.x.h, dx.raw(), hd.h, h0p,
+                                            nullptr, nullptr, hd.h, h0p, nullptr, nullptr, wbytes, wraw, r.ws,
                                             ws.get(), r.rs, reserve.get()));
-    LSTM_CUDA_CHECK(cudnnRNNBackwardWeights_v8(h, r.rnn.h, CUDNN_WGRAD_MODE_ADD, dl, r.x.h, xp, hd.h, nullptr, r.y.h,
+    LSTM_CUDA_CHECK(cudnnRNNBackwardWeights_v8(h, r.rnn.h, CUDNN_WGRAD_MODE_ADD, dl, r.x.h, xp, hd.h, h0p, r.y.h,
                                                y.raw(), wbytes, dw.raw(), r.ws, ws.get(), r.rs, reserve.get()));
   };
 
