@@ -306,8 +306,8 @@ struct Plan {
   DType dtype = DType::F32;
   int64_t B = 0;
   // Every sequence has T steps and the layout is sequence-major: the packed layout without
-  // padded I/O, as PyTorch calls cuDNN for unpacked input (padded I/O costs time in multi-layer
-  // and half-precision cases).
+  // padded I/O. (PyTorch passes such a tensor unpacked with padded I/O; the two measured the same
+  // on the H200, docs/PERFORMANCE.md.)
   bool packed = false;
   RnnDesc rnn;                                // without dropout
   std::unique_ptr<RnnDesc> rnn_drop;          // with dropout; made on first training use
