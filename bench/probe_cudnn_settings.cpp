@@ -36,6 +36,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_args.hpp"
+
 #include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
@@ -79,35 +81,14 @@ struct Options {
   std::exit(2);
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  std::string t;
-  while (std::getline(ss, t, sep))
-    if (!t.empty()) v.push_back(t);
-  return v;
-}
-
 int to_int(const std::string& s, const char* what) {
-  try {
-    size_t pos = 0;
-    const int v = std::stoi(s, &pos);
-    if (pos != s.size() || v < 1) throw std::invalid_argument(s);
-    return v;
-  } catch (const std::exception&) {
-    usage(std::string(what) + ": expected a positive integer, got '" + s + "'");
-  }
+  return static_cast<int>(lstm::bench::parse_int(what, s, 1, usage));
 }
 
-double to_double(const std::string& s, const char* what) {
-  try {
-    size_t pos = 0;
-    const double v = std::stod(s, &pos);
-    if (pos != s.size() || !(v > 0)) throw std::invalid_argument(s);
-    return v;
-  } catch (const std::exception&) {
-    usage(std::string(what) + ": expected a positive number, got '" + s + "'");
-  }
+double to_positive(const std::string& s, const char* what) {
+  const double v = lstm::bench::parse_double(what, s, usage);
+  if (!(v > 0)) usage(std::string(what) + " expects a number > 0, got '" + s + "'");
+  return v;
 }
 
 Options parse(int argc, char** argv) {
@@ -120,7 +101,7 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--case") {
-      const auto f = split(value(), ',');
+      const auto f = lstm::bench::split_commas(value());
       if (f.size() != 5) usage("--case: expected L,H,I,B,T, got " + std::to_string(f.size()) + " fields");
       Case c;
       c.L = to_int(f[0], "--case L");
@@ -132,7 +113,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--dtype") {
       if (!dtypes_given) o.dtypes.clear();
       dtypes_given = true;
-      for (const auto& d : split(value(), ',')) {
+      for (const auto& d : lstm::bench::split_commas(value())) {
         if (d != "fp32" && d != "tf32" && d != "bf16" && d != "fp16")
           usage("--dtype: expected fp32, tf32, bf16 or fp16, got '" + d + "'");
         o.dtypes.push_back(d);
@@ -140,7 +121,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--mode") {
       if (!modes_given) o.modes.clear();
       modes_given = true;
-      for (const auto& m : split(value(), ',')) {
+      for (const auto& m : lstm::bench::split_commas(value())) {
         if (m != "infer" && m != "train") usage("--mode: expected infer or train, got '" + m + "'");
         o.modes.push_back(m);
       }
@@ -151,9 +132,9 @@ Options parse(int argc, char** argv) {
     } else if (a == "--null-stream") {
       o.null_stream = true;
     } else if (a == "--x-scale") {
-      o.x_scale = to_double(value(), "--x-scale");
+      o.x_scale = to_positive(value(), "--x-scale");
     } else if (a == "--w-scale") {
-      o.w_scale = to_double(value(), "--w-scale");
+      o.w_scale = to_positive(value(), "--w-scale");
     } else if (a == "--out") {
       o.out = value();
     } else if (a == "-h" || a == "--help") {

@@ -254,6 +254,14 @@ Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
   return r;
 }
 
+// An inference forward of p (weights, x, lengths, h0/c0) through `be`, in dtype dt on the GPU.
+LstmOutput infer_gpu(LstmBackend& be, const Problem& p, DType dt) {
+  std::vector<Tensor> w;
+  for (const auto& t : p.w) w.push_back(on_gpu(t, dt));
+  const LstmInput in{on_gpu(p.in.x, dt), p.in.lengths, on_gpu(p.in.h0, dt), on_gpu(p.in.c0, dt)};
+  return be.forward(p.spec, w, in, false, nullptr, nullptr);
+}
+
 void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
   ASSERT_TRUE(got.defined()) << what << ": nothing returned";
   ASSERT_EQ(got.shape(), want.shape()) << what;
@@ -552,10 +560,7 @@ TEST(CudnnLstm, LengthsAndBatchChangeBetweenCalls) {
     const Problem p = make_problem(c, ++seed);
     compare(run_gpu(*be, p, DType::F32, true), run_reference(p), p, kF32.tol);
     // Inference on the same backend: same outputs as the training forward.
-    std::vector<Tensor> w;
-    for (auto& t : p.w) w.push_back(on_gpu(t, DType::F32));
-    LstmInput in{on_gpu(p.in.x, DType::F32), p.in.lengths, on_gpu(p.in.h0, DType::F32), on_gpu(p.in.c0, DType::F32)};
-    LstmOutput o = be->forward(s, w, in, false, nullptr, nullptr);
+    const LstmOutput o = infer_gpu(*be, p, DType::F32);
     const Result ref = run_reference(p);
     expect_close(f64(o.output), ref.out.output, kF32.tol, "inference output");
     expect_close(f64(o.h_n), ref.out.h_n, kF32.tol, "inference h_n");
@@ -663,10 +668,7 @@ TEST(CudnnLstm, HeuristicRunsTheAlgorithmPytorchsRuleNames) {
     if (h.training) {
       compare(run_gpu(*be, p, h.pr.dt, true), ref, p, h.pr.tol);
     } else {
-      std::vector<Tensor> w;
-      for (const auto& t : p.w) w.push_back(on_gpu(t, h.pr.dt));
-      LstmInput in{on_gpu(p.in.x, h.pr.dt), p.in.lengths, on_gpu(p.in.h0, h.pr.dt), on_gpu(p.in.c0, h.pr.dt)};
-      LstmOutput out = be->forward(h.c.spec, w, in, false, nullptr, nullptr);
+      const LstmOutput out = infer_gpu(*be, p, h.pr.dt);
       expect_close(f64(out.output), ref.out.output, h.pr.tol, "output");
       expect_close(f64(out.h_n), ref.out.h_n, h.pr.tol, "h_n");
       expect_close(f64(out.c_n), ref.out.c_n, h.pr.tol, "c_n");
@@ -693,10 +695,7 @@ TEST(CudnnLstm, Tf32KeepsTheFp32Range) {
   for (const char* algo : {"standard", "persist_static", "persist_static_small_h", "heuristic"}) {
     SCOPED_TRACE(algo);
     auto be = cudnn(algo, kTF32, c.spec);
-    std::vector<Tensor> w;
-    for (const auto& t : p.w) w.push_back(on_gpu(t, DType::F32));
-    const LstmInput in{on_gpu(p.in.x, DType::F32), {}, {}, {}};
-    const LstmOutput out = be->forward(c.spec, w, in, false, nullptr, nullptr);
+    const LstmOutput out = infer_gpu(*be, p, DType::F32);
     expect_close(f64(out.output), ref.out.output, 3 * kTF32.tol, "output");
     expect_close(f64(out.c_n), ref.out.c_n, 3 * kTF32.tol, "c_n");
   }
@@ -926,10 +925,7 @@ TEST(CudnnLstm, DISABLED_ProbeAlgorithmLimits) {
           const Problem p = make_problem(c, 1);
           std::string inf = error_of([&] {
             auto be = cudnn(a, pr, c.spec);
-            std::vector<Tensor> w;
-            for (auto& t : p.w) w.push_back(on_gpu(t, pr.dt));
-            LstmInput in{on_gpu(p.in.x, pr.dt), {}, {}, {}};
-            be->forward(c.spec, w, in, false, nullptr, nullptr);
+            infer_gpu(*be, p, pr.dt);
           });
           std::string tr = error_of([&] {
             auto be = cudnn(a, pr, c.spec);
