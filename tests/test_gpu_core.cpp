@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "gpu_test_util.hpp"
 #include "lstm/device.hpp"
@@ -159,3 +162,52 @@ TEST(GpuCore, DeviceOutOfMemoryIsAClearError) {
   Tensor ok = Tensor::full({8}, 1.0, DType::F32, Device::CUDA);
   EXPECT_EQ(ok.cpu().get(7), 1.0);
 }
+
+#if LSTM_HAVE_CUDA
+// The engine stream is the legacy default stream unless LSTM_CUDA_STREAM=own asks for a stream
+// per host thread; a bad value is a clear error. Each case runs in a new thread, because a
+// thread picks its stream on first use.
+TEST(GpuCore, EngineStreamIsLegacyByDefaultAndOwnOnRequest) {
+  LSTM_REQUIRE_GPU();
+  const char* old = std::getenv("LSTM_CUDA_STREAM");
+  const std::string saved = old ? old : "";
+  auto in_thread = [](const char* value, cudaStream_t* got, double* sum, std::string* error) {
+    if (value)
+      setenv("LSTM_CUDA_STREAM", value, 1);
+    else
+      unsetenv("LSTM_CUDA_STREAM");
+    std::thread t([&] {
+      try {
+        *got = cuda::stream();
+        Tensor a = Tensor::full({1000}, 0.5, DType::F32, Device::CUDA);
+        Tensor h = a.cpu();
+        *sum = 0;
+        for (int64_t i = 0; i < h.numel(); ++i) *sum += h.get(i);
+      } catch (const Error& e) {
+        *error = e.what();
+      }
+    });
+    t.join();
+  };
+  cudaStream_t s = nullptr;
+  double sum = 0;
+  std::string err;
+  in_thread(nullptr, &s, &sum, &err);
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(s, cudaStreamLegacy);
+  EXPECT_EQ(sum, 500.0);
+  in_thread("own", &s, &sum, &err);
+  EXPECT_EQ(err, "");
+  EXPECT_NE(s, cudaStreamLegacy);
+  EXPECT_NE(s, nullptr);
+  EXPECT_EQ(sum, 500.0);
+  sum = 0;
+  in_thread("bogus", &s, &sum, &err);
+  EXPECT_THAT(err, HasSubstr("LSTM_CUDA_STREAM: expected 'legacy' (the default) or 'own', got 'bogus'"));
+  EXPECT_EQ(sum, 0.0);
+  if (old)
+    setenv("LSTM_CUDA_STREAM", saved.c_str(), 1);
+  else
+    unsetenv("LSTM_CUDA_STREAM");
+}
+#endif

@@ -2,10 +2,13 @@
 #if LSTM_HAVE_CUDA
 #include "core/cuda_rt.hpp"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <unordered_map>
 
 namespace lstm::cuda {
@@ -20,9 +23,20 @@ namespace {
 
 thread_local cudaStream_t t_stream = nullptr;
 
-// Streams created per host thread are never destroyed: kernels may still be queued on them
-// when a thread ends, and the driver reclaims them at exit.
+// The engine stream of a host thread: by default the legacy default stream, the one PyTorch
+// issues nn.LSTM on. Measured on the H200 (docs/PERFORMANCE.md, 2026-12-01): the same
+// cudnnRNNForward runs the same kernels on either stream, but on a stream of our own made with
+// cudaStreamCreateWithFlags it took 4-12% longer per call (L1-H1024-B64-T100 tf32 inference:
+// 2.09 ms against 1.88 ms; the GPU clock equal, the host far ahead of the GPU). Every thread then
+// shares that stream. LSTM_CUDA_STREAM=own gives each host thread a non-blocking stream of its
+// own instead. Streams created per host thread are never destroyed: kernels may still be queued
+// on them when a thread ends, and the driver reclaims them at exit.
 cudaStream_t make_thread_stream() {
+  const char* mode = std::getenv("LSTM_CUDA_STREAM");
+  const std::string m = mode ? mode : "";
+  if (m.empty() || m == "legacy") return cudaStreamLegacy;
+  if (m != "own")
+    throw Error("LSTM_CUDA_STREAM: expected 'legacy' (the default) or 'own', got '" + m + "'");
   cudaStream_t s;
   LSTM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return s;
