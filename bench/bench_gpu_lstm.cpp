@@ -24,7 +24,8 @@
 //   {"kind": "ceiling", "what": "copy", "bytes", "ms", "gbs" (read + write), ...}
 //   {"kind": "result", "impl": "ours", "suite", "case", "L", "H", "I", "B", "T", "bidirectional",
 //    "mode", "dtype", "algo", "ms", "ms_min", "ms_p90", "us_per_step", "tflops", "gflop",
-//    "peak_mib", "repeats", "warmup", "capped"[, "check"]}
+//    "peak_mib", "repeats", "warmup", "capped", "host_us_per_call" (median host time to issue one
+//    call), "sm_mhz" (SM clock measured right after the timed loop)[, "check"]}
 //   A case an algorithm rejects (or that failed) is a result row with "error" instead of timings
 //   ("rejected": true when the algorithm refused it before running: make_lstm_backend threw).
 // algo is "cudnn:<cuDNN algorithm>", "naive", or an lstm::Algo name (fused, persistent, ...).
@@ -535,13 +536,19 @@ class Events {
 
 // Times `count` calls of run(first + k), each between two events on the engine stream; prepare
 // runs before each, outside the timed region. Returns milliseconds per call.
+// host_us, when given, receives the host's time to issue each call (run only, microseconds): where
+// it approaches the device time, the case is bound by the host, not the GPU.
 std::vector<double> time_calls(Events& ev, int first, int count, const std::function<void(int)>& prepare,
-                               const std::function<void(int)>& run) {
+                               const std::function<void(int)>& run, std::vector<double>* host_us = nullptr) {
   cudaStream_t s = lstm::cuda::stream();
+  if (host_us) host_us->clear();
   for (int k = 0; k < count; ++k) {
     if (prepare) prepare(first + k);
     LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(k)], s));
+    const auto t0 = std::chrono::steady_clock::now();
     run(first + k);
+    if (host_us)
+      host_us->push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(k) + 1], s));
   }
   LSTM_CUDA_CHECK(cudaEventSynchronize(ev[2 * static_cast<size_t>(count) - 1]));
@@ -584,6 +591,7 @@ class GpuBench {
     h["l2_mib"] = static_cast<double>(l2_bytes_) / (1 << 20);
     h["versions"] = lstm::cuda_versions();
     h["command"] = command_line(argc, argv);
+    h["engine_stream"] = lstm::cuda::stream() == cudaStreamLegacy ? "legacy default stream" : "own non-blocking stream";
     if (const char* g = std::getenv("LSTM_CHECK_GIT_COMMIT")) h["git_commit"] = g;
     h["suites_file"] = opt_.suites_file;
     h["suites"] = plan_.suites;
@@ -694,6 +702,8 @@ class GpuBench {
                   r["ms_min"].get<double>(), r["ms_p90"].get<double>(), r["repeats"].get<int>(),
                   r["capped"].get<bool>() ? ", capped" : "", r["us_per_step"].get<double>(), r["tflops"].get<double>(),
                   r["peak_mib"].get<double>());
+      if (r.contains("host_us_per_call")) std::printf(" host %.0f us/call", r["host_us_per_call"].get<double>());
+      if (r.contains("sm_mhz")) std::printf(" @%.0f MHz", r["sm_mhz"].get<double>());
       if (r.contains("check")) std::printf(" check %s", r["check"]["pass"].get<bool>() ? "ok" : "FAILED");
       std::printf("\n");
     }
@@ -941,7 +951,9 @@ class GpuBench {
         repeats = std::clamp(static_cast<int>(opt_.max_cell_s * 1e3 / probe), 1, opt_.repeats);
         capped = repeats < opt_.repeats;
       }
-      std::vector<double> ms = time_calls(events_, opt_.warmup, repeats, zero_dw, run);
+      std::vector<double> host_us;
+      std::vector<double> ms = time_calls(events_, opt_.warmup, repeats, zero_dw, run, &host_us);
+      const double sm_mhz = lstm::bench::sm_clock_mhz();  // the clock the loop above ran at
 
       // A timing of a computation that went non-finite is no timing.
       const Tensor& o = result_out();
@@ -967,6 +979,8 @@ class GpuBench {
       row["peak_mib"] = static_cast<double>(peak + in.x_bytes + in.dout_bytes) / (1 << 20);
       row["repeats"] = repeats;
       row["warmup"] = opt_.warmup;
+      row["host_us_per_call"] = percentile(host_us, 0.5);
+      row["sm_mhz"] = sm_mhz;
       row["first_call_ms"] = wms.front();
       row["capped"] = capped;
       row["input_buffers"] = nbuf;

@@ -20,7 +20,9 @@
 // --null-stream adds raw calls with PyTorch's settings on the legacy default stream (the stream
 // nn.LSTM runs on unless told otherwise), and nn.LSTM's exact call (unpacked layout, padded I/O,
 // zero h0/c0 tensors rather than null pointers) on either stream: to tell what makes PyTorch's
-// runs of the same cuDNN faster on some shapes (docs/PERFORMANCE.md).
+// runs of the same cuDNN faster on some shapes (docs/PERFORMANCE.md). The engine stream is the
+// legacy default stream itself unless LSTM_CUDA_STREAM=own (src/core/cuda_rt.cpp); run with
+// LSTM_CUDA_STREAM=own to compare a stream of our own with the legacy one.
 //
 // One JSON object per line (also printed as a table on stdout). Without a GPU it says so and exits 0.
 #include <algorithm>

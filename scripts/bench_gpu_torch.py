@@ -15,7 +15,8 @@ False), tf32 = both True, bf16/fp16 = module and inputs in that dtype. flatten_p
 called; weights keep nn.LSTM's default initialisation U(-1/sqrt(H), 1/sqrt(H)); x and d_output
 ~ U(-1, 1) are views into one random pool per dtype (>= 4x the L2), each call reading the next
 slot of it, so that no call finds its inputs in L2. CUDA events on the current stream, warm-up,
-median (and min, p90) of the repeats. peak_mib: torch.cuda.max_memory_allocated over the case
+median (and min, p90) of the repeats; host_us_per_call (median host time to issue one call) and
+sm_mhz (the SM clock measured right after the timed loop) as bench_gpu_lstm records them. peak_mib: torch.cuda.max_memory_allocated over the case
 above what was allocated before it, plus one x (and one d_output), as bench_gpu_lstm counts it.
 
 Exits 0 with a note (and a header line with "error") when torch or a CUDA GPU is missing.
@@ -181,6 +182,18 @@ def main():
           f"warm-up {warmup}, median of {repeats}")
     sys.stdout.flush()
 
+    def sm_clock_mhz():
+        # The SM clock now: torch.cuda._sleep spins one thread for a number of clock cycles (as
+        # bench_gpu_lstm's sm_clock_mhz does), timed with events.
+        cycles = 2_000_000
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(cycles)
+        b.record()
+        b.synchronize()
+        ms = a.elapsed_time(b)
+        return cycles / (ms * 1e3) if ms > 0 else 0.0
+
     torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
     def slot(c, train):
@@ -251,18 +264,23 @@ def main():
                     y, _ = lstm(xs[b])
             state["y"], state["x"] = y, xs[b]
 
-        def time_calls(first, count):
+        def time_calls(first, count, host_us=None):
             ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
             for k in range(count):
                 prepare(first + k)
                 ev[k][0].record()
+                t0 = time.perf_counter()
                 run(first + k)
+                if host_us is not None:
+                    host_us.append((time.perf_counter() - t0) * 1e6)
                 ev[k][1].record()
             ev[-1][1].synchronize()
             return [a.elapsed_time(b) for a, b in ev]
 
         wms = time_calls(0, warmup)
-        ms = time_calls(warmup, repeats)
+        host_us = []
+        ms = time_calls(warmup, repeats, host_us)
+        mhz = sm_clock_mhz()  # the clock the loop above ran at
         y = state["y"]
         if not bool(torch.isfinite(y).all()):
             raise RuntimeError("non-finite output")
@@ -279,7 +297,8 @@ def main():
         row.update({"ms": med, "ms_min": min(ms), "ms_p90": percentile(ms, 0.9),
                     "us_per_step": med * 1e3 / c["T"], "tflops": row["gflop"] / (med * 1e-3) * 1e-3,
                     "peak_mib": (peak + (nx + (nd if train else 0)) * es) / 2**20, "repeats": repeats,
-                    "warmup": warmup, "first_call_ms": wms[0], "capped": False, "input_buffers": nbuf})
+                    "warmup": warmup, "host_us_per_call": percentile(host_us, 0.5), "sm_mhz": mhz,
+                    "first_call_ms": wms[0], "capped": False, "input_buffers": nbuf})
 
     t0 = time.monotonic()
     counts = {"measured": 0, "failed": 0, "not run": 0}
@@ -304,7 +323,8 @@ def main():
             line += "error: " + row["error"][:160]
         else:
             line += (f"{row['ms']:9.3f} ms (min {row['ms_min']:.3f}, p90 {row['ms_p90']:.3f}, n={repeats}) "
-                     f"{row['us_per_step']:8.2f} us/step {row['tflops']:7.2f} TFLOP/s {row['peak_mib']:8.1f} MiB")
+                     f"{row['us_per_step']:8.2f} us/step {row['tflops']:7.2f} TFLOP/s {row['peak_mib']:8.1f} MiB"
+                     f" host {row['host_us_per_call']:.0f} us/call @{row['sm_mhz']:.0f} MHz")
         print(line)
         sys.stdout.flush()
         for s in c["suites"]:
