@@ -860,6 +860,15 @@ class GpuBench {
     return refs_.emplace(key, std::move(r)).first->second;
   }
 
+  // The SM clock now, in MHz: a fixed number of clock64() cycles on one thread, timed with events
+  // (bench_gpu_torch.py measures it alike with torch.cuda._sleep). Called right after a timed
+  // loop, it reads the clock that loop ran at (boost and power limits move it between runs).
+  double sm_clock_mhz() {
+    constexpr long long kCycles = 2'000'000;  // about 1 ms at the H200's 1980 MHz boost
+    const double ms = time_calls(events_, 0, 1, nullptr, [](int) { lstm::bench::spin_cycles(kCycles); })[0];
+    return ms > 0 ? static_cast<double>(kCycles) / (ms * 1e3) : 0.0;
+  }
+
   void run_cell(const Cell& cell, json& row) {
     const CaseSpec& c = plan_.cases[cell.c];
     const bool train = cell.mode == "train";
@@ -953,7 +962,7 @@ class GpuBench {
       }
       std::vector<double> host_us;
       std::vector<double> ms = time_calls(events_, opt_.warmup, repeats, zero_dw, run, &host_us);
-      const double sm_mhz = lstm::bench::sm_clock_mhz();  // the clock the loop above ran at
+      const double sm_mhz = sm_clock_mhz();  // the clock the loop above ran at
 
       // A timing of a computation that went non-finite is no timing.
       const Tensor& o = result_out();

@@ -51,28 +51,9 @@ __global__ void spin_cycles_kernel(long long cycles) {
 
 }  // namespace
 
-double sm_clock_mhz() {
-  constexpr long long kCycles = 2'000'000;  // about 1 ms at the H200's 1980 MHz boost
-  cudaStream_t s = cuda::stream();
-  cudaEvent_t a, b;
-  LSTM_CUDA_CHECK(cudaEventCreate(&a));
-  LSTM_CUDA_CHECK(cudaEventCreate(&b));
-  float ms = 0;
-  try {
-    LSTM_CUDA_CHECK(cudaEventRecord(a, s));
-    spin_cycles_kernel<<<1, 1, 0, s>>>(kCycles);
-    LSTM_CUDA_CHECK_LAUNCH();
-    LSTM_CUDA_CHECK(cudaEventRecord(b, s));
-    LSTM_CUDA_CHECK(cudaEventSynchronize(b));
-    LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  } catch (...) {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    throw;
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms > 0 ? static_cast<double>(kCycles) / (static_cast<double>(ms) * 1e3) : 0.0;
+void spin_cycles(long long cycles) {
+  spin_cycles_kernel<<<1, 1, 0, cuda::stream()>>>(cycles);
+  LSTM_CUDA_CHECK_LAUNCH();
 }
 
 void fill_uniform(void* p, DType dtype, int64_t n, float lo, float hi, uint64_t seed) {

@@ -15,10 +15,8 @@ void fill_uniform(void* p, DType dtype, int64_t n, float lo, float hi, uint64_t 
 // Number of NaN/Inf values among p[0..n) (F32, BF16 or F16) counted on the device; waits for the
 // engine stream (a timing loop is over when this is called).
 int64_t count_non_finite(const void* p, DType dtype, int64_t n);
-// The SM clock the GPU runs at now, in MHz: one thread spins for a fixed number of clock64()
-// cycles (the same method as torch.cuda._sleep, so bench_gpu_torch.py measures it alike) and
-// CUDA events time it. Call it right after a timed loop: it reads the clock that loop ran at
-// (boost and power limits move it between runs and processes). Synchronises the engine stream.
-double sm_clock_mhz();
+// One thread on the engine stream spins for `cycles` clock64() cycles (what torch.cuda._sleep
+// does): timed with events, it gives the SM clock (bench_gpu_lstm's sm_clock_mhz).
+void spin_cycles(long long cycles);
 
 }  // namespace lstm::bench

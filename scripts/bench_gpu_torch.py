@@ -16,8 +16,9 @@ called; weights keep nn.LSTM's default initialisation U(-1/sqrt(H), 1/sqrt(H)); 
 ~ U(-1, 1) are views into one random pool per dtype (>= 4x the L2), each call reading the next
 slot of it, so that no call finds its inputs in L2. CUDA events on the current stream, warm-up,
 median (and min, p90) of the repeats; host_us_per_call (median host time to issue one call) and
-sm_mhz (the SM clock measured right after the timed loop) as bench_gpu_lstm records them. peak_mib: torch.cuda.max_memory_allocated over the case
-above what was allocated before it, plus one x (and one d_output), as bench_gpu_lstm counts it.
+sm_mhz (the SM clock measured right after the timed loop) as bench_gpu_lstm records them.
+peak_mib: torch.cuda.max_memory_allocated over the case above what was allocated before it, plus
+one x (and one d_output), as bench_gpu_lstm counts it.
 
 Exits 0 with a note (and a header line with "error") when torch or a CUDA GPU is missing.
 

@@ -169,8 +169,9 @@ TEST(GpuCore, DeviceOutOfMemoryIsAClearError) {
 // thread picks its stream on first use.
 TEST(GpuCore, EngineStreamIsLegacyByDefaultAndOwnOnRequest) {
   LSTM_REQUIRE_GPU();
-  const char* old = std::getenv("LSTM_CUDA_STREAM");
-  const std::string saved = old ? old : "";
+  const char* before = std::getenv("LSTM_CUDA_STREAM");
+  const bool had = before != nullptr;
+  const std::string saved = had ? before : "";
   auto in_thread = [](const char* value, cudaStream_t* got, double* sum, std::string* error) {
     if (value)
       setenv("LSTM_CUDA_STREAM", value, 1);
@@ -205,7 +206,7 @@ TEST(GpuCore, EngineStreamIsLegacyByDefaultAndOwnOnRequest) {
   in_thread("bogus", &s, &sum, &err);
   EXPECT_THAT(err, HasSubstr("LSTM_CUDA_STREAM: expected 'legacy' (the default) or 'own', got 'bogus'"));
   EXPECT_EQ(sum, 0.0);
-  if (old)
+  if (had)
     setenv("LSTM_CUDA_STREAM", saved.c_str(), 1);
   else
     unsetenv("LSTM_CUDA_STREAM");
