@@ -8,7 +8,12 @@
 //   bench_gpu_lstm [--suites-file FILE] [--suite NAME]... [--dtype fp32|tf32|bf16|fp16]...
 //                  [--mode infer|train]... [--algos LIST] [--repeats N] [--warmup N] [--out FILE]
 //                  [--quick] [--check | --check-suite NAME...] [--budget-s S] [--max-cell-s S]
-//                  [--no-ceilings] [--list]
+//                  [--no-ceilings] [--list] [--graphs auto|on|off]
+//
+// --graphs sets LstmOptions::cuda_graphs for every cell through our backend (default auto, the
+// library's default): cuDNN calls may then be replayed as CUDA graphs, and such a cell warms
+// up with at least three calls (eager, measured, captured). The row says "graphs" (the setting)
+// and "graph" (how its last timed call ran, its backward in training: "replayed" or "eager").
 //
 // What one timed repeat is: infer = forward with nothing saved; train = training forward (saving
 // for backward) + backward of a random d_output, weight gradients included (accumulated into
@@ -71,6 +76,7 @@
 #include "core/cuda_rt.hpp"
 #include "cuda/cublas_util.hpp"
 #include "cudnn/lstm_cudnn.hpp"
+#include "cudnn/lstm_cudnn_backend.hpp"
 #include "gpu_bench_util.hpp"
 #include "naive_lstm.hpp"
 #endif
@@ -106,6 +112,7 @@ struct Options {
   int64_t copy_mib = 2048;
   bool list = false;
   std::string out;
+  std::string graphs = "auto";  // LstmOptions::cuda_graphs of every cell through our backend
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -115,6 +122,7 @@ struct Options {
             << "         [--warmup N>=1] [--out FILE] [--quick] [--cases-per-suite N] [--check]\n"
             << "         [--check-suite NAME]... [--check-max-gflop G] [--budget-s S] [--max-cell-s S]\n"
             << "         [--no-ceilings] [--gemm-size N] [--copy-mib N] [--case ID]... [--list]\n"
+            << "         [--graphs auto|on|off]\n"
             << "  --algos: comma list of cudnn (all four cuDNN algorithms), cudnn:standard,\n"
             << "           cudnn:persist_static, cudnn:persist_dynamic, cudnn:persist_static_small_h,\n"
             << "           naive (only on --naive-suite suites, default paper), or an LSTM algo name\n";
@@ -199,6 +207,10 @@ Options parse_args(int argc, char** argv) {
       append(o.case_ids);
     } else if (a == "--list") {
       o.list = true;
+    } else if (a == "--graphs") {
+      o.graphs = value();
+      if (o.graphs != "auto" && o.graphs != "on" && o.graphs != "off")
+        usage_error("--graphs accepts auto, on and off, got '" + o.graphs + "'");
     } else if (a == "-h" || a == "--help") {
       usage_error("help");
     } else {
@@ -600,6 +612,7 @@ class GpuBench {
     h["algos"] = plan_.algos;
     h["repeats"] = opt_.repeats;
     h["warmup"] = opt_.warmup;
+    h["cuda_graphs"] = opt_.graphs;
     h["max_cell_s"] = opt_.max_cell_s;
     h["budget_s"] = opt_.budget_s;
     h["quick"] = opt_.quick;
@@ -807,7 +820,7 @@ class GpuBench {
     const int64_t x_n = c.T * c.B * c.I, d_n = c.T * c.B * c.D() * c.H;
     const int64_t max_slots = p.numel() / slot;
     LSTM_CHECK(max_slots >= 1, "input pool too small");
-    const int64_t nbuf = std::min<int64_t>(max_slots, opt_.warmup + opt_.repeats + 1);
+    const int64_t nbuf = std::min<int64_t>(max_slots, std::max(opt_.warmup, 3) + opt_.repeats + 1);
     int64_t& cur = cursor_[dt];
     auto take = [&](int64_t off, Inputs& in) {
       in.xs.push_back(p.slice0(off, off + x_n).reshape({c.T, c.B, c.I}));
@@ -892,6 +905,7 @@ class GpuBench {
           o.algo = as.algo;
           o.cudnn_algo = as.cudnn_algo;
           o.allow_tf32 = ds.tf32;
+          o.cuda_graphs = opt_.graphs;
           be = lstm::make_lstm_backend(o, spec, ds.dtype, Device::CUDA);
           layout = be->flat_layout(spec, ds.dtype);
         }
@@ -948,8 +962,11 @@ class GpuBench {
       auto result_out = [&]() -> const Tensor& { return naive ? nout : out.output; };
       auto result_dx = [&]() -> const Tensor& { return naive ? ndx : grads.d_x; };
 
-      // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats.
-      std::vector<double> wms = time_calls(events_, 0, opt_.warmup, zero_dw, run);
+      // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. With
+      // CUDA graphs a cell needs three calls before its steady state: the first runs eagerly, the
+      // second is measured for "auto", the third captures the graph.
+      const int warmup = be && opt_.graphs != "off" ? std::max(opt_.warmup, 3) : opt_.warmup;
+      std::vector<double> wms = time_calls(events_, 0, warmup, zero_dw, run);
       const double probe = wms.back();
       int repeats = opt_.repeats;
       bool capped = false;
@@ -961,7 +978,7 @@ class GpuBench {
         capped = repeats < opt_.repeats;
       }
       std::vector<double> host_us;
-      std::vector<double> ms = time_calls(events_, opt_.warmup, repeats, zero_dw, run, &host_us);
+      std::vector<double> ms = time_calls(events_, warmup, repeats, zero_dw, run, &host_us);
       const double sm_mhz = sm_clock_mhz();  // the clock the loop above ran at
 
       // A timing of a computation that went non-finite is no timing.
@@ -987,7 +1004,11 @@ class GpuBench {
       row["tflops"] = row["gflop"].get<double>() / (med * 1e-3) * 1e-3;
       row["peak_mib"] = static_cast<double>(peak + in.x_bytes + in.dout_bytes) / (1 << 20);
       row["repeats"] = repeats;
-      row["warmup"] = opt_.warmup;
+      row["warmup"] = warmup;
+      if (const auto* cb = dynamic_cast<const lstm::CudnnLstmBackend*>(be.get())) {
+        row["graphs"] = opt_.graphs;
+        row["graph"] = cb->last_graph();  // how the last timed call (its backward, in training) ran
+      }
       row["host_us_per_call"] = percentile(host_us, 0.5);
       row["sm_mhz"] = sm_mhz;
       row["first_call_ms"] = wms.front();

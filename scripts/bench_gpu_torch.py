@@ -20,10 +20,16 @@ sm_mhz (the SM clock measured right after the timed loop) as bench_gpu_lstm reco
 peak_mib: torch.cuda.max_memory_allocated over the case above what was allocated before it, plus
 one x (and one d_output), as bench_gpu_lstm counts it.
 
+--graphs: inference cells only, each call replayed from a torch.cuda.CUDAGraph captured once per
+cell (the documented recipe: warm-up on a side stream, capture with torch.cuda.graph, then per call
+static_x.copy_(x) and graph.replay()), as "algo": "torch_graph": what a PyTorch user gets by
+graphing nn.LSTM by hand, to set beside our cuda_graphs.
+
 Exits 0 with a note (and a header line with "error") when torch or a CUDA GPU is missing.
 
   python3 scripts/bench_gpu_torch.py --out torch.jsonl [--suite NAME]... [--dtype D]...
           [--mode infer|train]... [--repeats N] [--warmup N] [--quick] [--budget-s S] [--case ID]... [--list]
+          [--graphs]
 """
 import argparse
 import datetime
@@ -129,12 +135,16 @@ def main():
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="stop starting cells after this many seconds (they are recorded as not run); 0: no limit")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
+    ap.add_argument("--graphs", action="store_true",
+                    help="inference cells only, replayed from a CUDA graph (algo torch_graph)")
     args = ap.parse_args()
     repeats = args.repeats if args.repeats is not None else (10 if args.quick else 20)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if repeats < 10 or warmup < 1:
         ap.error("--repeats must be >= 10 and --warmup >= 1")
 
+    if args.graphs:
+        args.mode = ["infer"]
     suites, dtypes, modes, cases, cells = make_plan(args)
     if args.list:
         print(f"{len(cases)} cases, {len(cells)} cells (suites: {' '.join(suites)})")
@@ -177,7 +187,7 @@ def main():
               "git_commit": os.environ.get("LSTM_CHECK_GIT_COMMIT") or None,
               "suites_file": args.suites_file, "suites": suites, "dtypes": dtypes, "modes": modes,
               "repeats": repeats, "warmup": warmup, "budget_s": args.budget_s, "quick": args.quick,
-              "cells": len(cells)}
+              "graphs": args.graphs, "cells": len(cells)}
     emit(header)
     print(f"bench_gpu_torch: {header['gpu']}; {header['versions']}; {len(cases)} cases, {len(cells)} cells; "
           f"warm-up {warmup}, median of {repeats}")
@@ -254,9 +264,28 @@ def main():
                 lstm.zero_grad(set_to_none=True)
                 xs[i % nbuf].grad = None
 
+        graph = None
+        if args.graphs:
+            # torch.cuda.graphs' recipe: warm up on a side stream, capture, replay with a static input.
+            static_x = xs[0].clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.no_grad():
+                for _ in range(2):
+                    lstm(static_x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph):
+                static_y, _ = lstm(static_x)
+
         def run(i):
             b = i % nbuf
             state.clear()
+            if graph is not None:
+                static_x.copy_(xs[b])
+                graph.replay()
+                state["y"], state["x"] = static_y, xs[b]
+                return
             if train:
                 y, _ = lstm(xs[b])
                 y.backward(douts[b])
@@ -307,7 +336,7 @@ def main():
         c = cases[ci]
         row = {"kind": "result", "impl": "torch", "suite": c["suites"][0], "case": case_id(c), "L": c["L"],
                "H": c["H"], "I": c["I"], "B": c["B"], "T": c["T"], "bidirectional": c["bidirectional"],
-               "mode": mode, "dtype": dtype, "algo": "torch", "gflop": case_gflop(c, mode == "train")}
+               "mode": mode, "dtype": dtype, "algo": "torch_graph" if args.graphs else "torch", "gflop": case_gflop(c, mode == "train")}
         if args.budget_s > 0 and time.monotonic() - t0 > args.budget_s:
             row["error"] = f"not run: the time budget (--budget-s {args.budget_s:.0f}) was spent"
             counts["not run"] += 1
@@ -319,7 +348,7 @@ def main():
                 row["error"] = f"{type(e).__name__}: {e}"
                 counts["failed"] += 1
             torch.cuda.empty_cache()
-        line = f"[{n + 1:4d}/{len(cells)}] torch {row['case']:<26} {mode:<5} {dtype:<4} "
+        line = f"[{n + 1:4d}/{len(cells)}] {row['algo']} {row['case']:<26} {mode:<5} {dtype:<4} "
         if "error" in row:
             line += "error: " + row["error"][:160]
         else:

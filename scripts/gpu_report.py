@@ -185,6 +185,8 @@ def build(headers, ceilings, rows, suites_doc):
                 for c in suite_cases[s]:
                     per = {a: index.get((s, c, m, d, a)) for a in algos_here}
                     torch_row = index.get((s, c, m, d, "torch"))
+                    # torch.cuda.CUDAGraph replays of nn.LSTM (bench_gpu_torch.py --graphs): context only.
+                    tgraph_row = index.get((s, c, m, d, "torch_graph"))
                     std = per.get("cudnn:standard")
                     cands = [(r["ms"], a) for a, r in per.items() if a != "naive" and is_ok(r)]
                     cudnn_cands = [(r["ms"], a) for a, r in per.items() if a.startswith("cudnn:") and is_ok(r)]
@@ -206,6 +208,8 @@ def build(headers, ceilings, rows, suites_doc):
                         "ms_rounds": {a: r["ms_rounds"] for a, r in list(per.items()) + [("torch", torch_row)]
                                       if r is not None and "ms_rounds" in r},
                         "torch_cell": cell_text(torch_row),
+                        "torch_graph_ms": tgraph_row["ms"] if is_ok(tgraph_row) else None,
+                        "torch_graph_cell": cell_text(tgraph_row) if tgraph_row else None,
                         "torch_error": torch_row.get("error") if torch_row else None,
                         "torch_over_std": (t_ms / std["ms"]) if (t_ms and is_ok(std)) else None,
                         "torch_over_best": (t_ms / best[0]) if (t_ms and best) else None,
@@ -394,21 +398,26 @@ def markdown(model, checks, headers, ceilings, plots, plot_note):
         if not t["rows"]:
             continue
         cols = t["algos"]
+        graphed = any(r.get("torch_graph_cell") for r in t["rows"])
         md.append(f"#### {t['suite']} / {t['mode']} / {t['dtype']}")
         md.append("")
         head = (["case"] + [SHORT.get(a, a) + " ms" for a in cols]
-                + ["best", "torch ms", "torch/std", "torch/best", "TFLOP/s", "% peak", "peak MiB ours/torch"])
+                + ["best", "torch ms"] + (["torch graph ms", "torch graph/best"] if graphed else [])
+                + ["torch/std", "torch/best", "TFLOP/s", "% peak", "peak MiB ours/torch"])
         md.append("| " + " | ".join(head) + " |")
-        md.append("|" + "|".join(["---"] + ["---:"] * len(cols) + ["---", "---:", "---:", "---:", "---:", "---:",
-                                                                     "---:"]) + "|")
+        md.append("|" + "|".join(["---"] + ["---:"] * len(cols) + ["---", "---:"] + (["---:", "---:"] if graphed else [])
+                                 + ["---:", "---:", "---:", "---:", "---:"]) + "|")
         for r in t["rows"]:
             pct = f"{100 * r['fraction_of_gemm_peak']:.1f}" if r["fraction_of_gemm_peak"] is not None else "-"
             mem = (f"{r['peak_mib_best']:.0f}" if r["peak_mib_best"] is not None else "-") + " / " + \
                   (f"{r['peak_mib_torch']:.0f}" if r["peak_mib_torch"] is not None else "-")
             md.append("| " + " | ".join(
                 [r["case"]] + [r["cells"].get(a, "-") for a in cols]
-                + [SHORT.get(r["best_algo"], r["best_algo"] or "-"), r["torch_cell"],
-                   f"{r['torch_over_std']:.3f}" if r["torch_over_std"] else "-",
+                + [SHORT.get(r["best_algo"], r["best_algo"] or "-"), r["torch_cell"]]
+                + ([r["torch_graph_cell"] or "-",
+                    f"{r['torch_graph_ms'] / r['best_ms']:.3f}" if r["torch_graph_ms"] and r["best_ms"] else "-"]
+                   if graphed else [])
+                + [f"{r['torch_over_std']:.3f}" if r["torch_over_std"] else "-",
                    f"{r['torch_over_best']:.3f}" if r["torch_over_best"] else "-",
                    f"{r['tflops_best']:.2f}" if r["tflops_best"] is not None else "-", pct, mem]) + " |")
         # Why cells are empty: one line per algorithm and message.

@@ -1,9 +1,13 @@
-// Shared by the GPU tests: skip with the reason when no GPU is usable, random tensors.
+// Shared by the GPU tests: skip with the reason when no GPU is usable, random tensors, specs, errors.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+
 #include "lstm/device.hpp"
+#include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
 #include "lstm/tensor.hpp"
 
@@ -15,6 +19,29 @@
   } while (0)
 
 namespace lstm::testing {
+
+// The message of the lstm::Error that f throws; "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline LstmSpec make_spec(int64_t I, int64_t H, int64_t L, bool bi, int64_t P = 0, bool bias = true,
+                          bool batch_first = false) {
+  LstmSpec s;
+  s.input_size = I;
+  s.hidden_size = H;
+  s.num_layers = L;
+  s.bidirectional = bi;
+  s.proj_size = P;
+  s.bias = bias;
+  s.batch_first = batch_first;
+  return s;
+}
 
 // Normal(0, sd) values (never zeros) in a CPU tensor of `dtype`.
 inline Tensor random_tensor(const Shape& shape, Rng& rng, double sd = 1.0, DType dtype = DType::F32) {

@@ -204,5 +204,8 @@ TEST(Cli, ResumeWithoutCheckpointAndBadConfigAreClear) {
   EXPECT_THAT(ty.out, HasSubstr("'train' must be an object"));
   EXPECT_EQ(m.code, 1);
   EXPECT_THAT(m.out, HasSubstr("/nonexistent/file.txt"));
+  CliRun g = run_cli("train --cuda-graphs always --out " + (d / "o").string());
+  EXPECT_EQ(g.code, 1);
+  EXPECT_THAT(g.out, HasSubstr("--cuda-graphs: expected auto, on or off, got 'always'"));
   fs::remove_all(d);
 }

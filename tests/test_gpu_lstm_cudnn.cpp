@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.hpp"
 #include "lstm/device.hpp"
 #include "lstm/layers.hpp"
 #include "lstm/lstm.hpp"
@@ -28,6 +29,8 @@
 #endif
 
 using namespace lstm;
+using lstm::testing::error_of;
+using lstm::testing::make_spec;
 namespace fs = std::filesystem;
 
 #define SKIP_WITHOUT_GPU()                                                          \
@@ -38,15 +41,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // ---- Precisions as the backend sees them ----
 struct Prec {
@@ -70,18 +64,6 @@ struct Case {
   bool h0 = false;
   bool d_output = true, d_h_n = true, d_c_n = true;
 };
-
-LstmSpec make_spec(int64_t I, int64_t H, int64_t L, bool bi, int64_t P = 0, bool bias = true, bool bf = false) {
-  LstmSpec s;
-  s.input_size = I;
-  s.hidden_size = H;
-  s.num_layers = L;
-  s.bidirectional = bi;
-  s.proj_size = P;
-  s.bias = bias;
-  s.batch_first = bf;
-  return s;
-}
 
 // Small shapes that the persistent algorithms take too (hidden 64, batch up to 8).
 std::vector<Case> all_cases() {

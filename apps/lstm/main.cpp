@@ -39,15 +39,18 @@ nlohmann::json default_job() {
   return j;
 }
 
-// --device/--precision/--algo/--cudnn-algo as a Placement.
+// --device/--precision/--algo/--cudnn-algo/--cuda-graphs as a Placement.
 Placement make_placement(const std::string& device, const std::string& precision, const std::string& algo,
-                         const std::string& cudnn_algo) {
+                         const std::string& cudnn_algo, const std::string& cuda_graphs) {
   Placement p;
   p.device = device_from_name(device);
   if (p.device == Device::CUDA) require_cuda("--device cuda");
   p.precision = precision_from_name(precision);
   p.lstm.algo = algo_from_name(algo);
   p.lstm.cudnn_algo = cudnn_algo;
+  LSTM_REQUIRE(cuda_graphs == "auto" || cuda_graphs == "on" || cuda_graphs == "off",
+               "--cuda-graphs: expected auto, on or off, got '" << cuda_graphs << "'");
+  p.lstm.cuda_graphs = cuda_graphs;
   p.lstm.allow_tf32 = p.precision == Precision::TF32;
   return p;
 }
@@ -181,7 +184,7 @@ int main(int argc, char** argv) {
 
   auto* train = app.add_subcommand("train", "train a model (no arguments: the default character language model job)");
   std::string config_path, data_path, out_dir = "runs/default", device = "cpu", precision = "f32", algo = "auto",
-                                      cudnn_algo = "heuristic";
+                                      cudnn_algo = "heuristic", cuda_graphs = "auto";
   int64_t steps = -1;
   int threads = 0;
   bool resume = false;
@@ -196,6 +199,9 @@ int main(int argc, char** argv) {
     c->add_option("--algo", algo, "LSTM implementation: auto|reference|cudnn")->capture_default_str();
     c->add_option("--cudnn-algo", cudnn_algo,
                   "cuDNN's algorithm: standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic")
+        ->capture_default_str();
+    c->add_option("--cuda-graphs", cuda_graphs,
+                  "replay cuDNN's LSTM calls as CUDA graphs: auto (when that pays, measured once per shape)|on|off")
         ->capture_default_str();
   };
   add_placement(train);
@@ -262,7 +268,7 @@ int main(int argc, char** argv) {
       o.out_dir = out_dir;
       o.resume = resume;
       o.steps = steps;
-      o.placement = make_placement(device, precision, algo, cudnn_algo);
+      o.placement = make_placement(device, precision, algo, cudnn_algo, cuda_graphs);
       TrainResult r = lstm::train(o);
       if (r.stopped_non_finite) return 3;
       std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
@@ -273,13 +279,13 @@ int main(int argc, char** argv) {
     }
     if (*eval) {
       EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len,
-                                    make_placement(device, precision, algo, cudnn_algo));
+                                    make_placement(device, precision, algo, cudnn_algo, cuda_graphs));
       std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
       return 0;
     }
     if (*gen) {
       std::string text =
-          generate_text(model_arg, prime, gen_len, temperature, seed, make_placement(device, precision, algo, cudnn_algo));
+          generate_text(model_arg, prime, gen_len, temperature, seed, make_placement(device, precision, algo, cudnn_algo, cuda_graphs));
       std::cout << prime << text << "\n";
       return 0;
     }

@@ -141,6 +141,22 @@ struct LstmOptions {
   // F32 data may use TF32 tensor cores (torch.backends.cudnn.allow_tf32). bf16/f16 data always
   // uses tensor cores with fp32 accumulation. The math modes are PyTorch's (see lstm_cudnn.cpp).
   bool allow_tf32 = false;
+  // For Algo::Cudnn: replay cuDNN's work as CUDA graphs. A call's cuDNN work (an inference
+  // forward, a training forward, a backward) is captured once, and later calls with the same
+  // shape, lengths and buffers (h0/c0, outputs, gradients, weight buffer) replay it with one graph
+  // launch, which saves the host's time to issue cuDNN's per-step kernels (what small batches and
+  // hidden sizes over many steps wait for) and closes the gaps between them. x and d_output may be
+  // any buffers: they are copied into the graph's own input buffers first (one device copy of
+  // each per call, and of x again in the backward). Results are the same bits as without graphs
+  // (same kernels).
+  // "auto" (the default): measured on the second call with a shape, replay when the host took at
+  //   least half as long to issue the call as the GPU took to run it, or when the copies are at
+  //   most 2% of the GPU's time;
+  // "on": replay from the second call with a shape (the first is the warm-up);
+  // "off": never.
+  // A shape whose capture fails, or whose buffers change on most calls, runs without graphs, and
+  // so do training calls with dropout between layers (cuDNN's dropout state lives in cuDNN).
+  std::string cuda_graphs = "auto";
 };
 
 // A new backend instance (owning its descriptors, plans and workspaces) for spec/dtype/device.

@@ -16,6 +16,23 @@
 // space, which cuDNN adds into); otherwise the tensors are copied into a cached weight space and
 // the gradients are formed in a scratch space and added into d_weights.
 //
+// CUDA graphs (LstmOptions::cuda_graphs): a call can be replayed instead of issued. cuDNN's host
+// work per call grows with the steps (a few kernels per step and layer; the H200's host took
+// about 20 us per step and layer to issue the standard algorithm, docs/PERFORMANCE.md), and for
+// small batches and hidden sizes the GPU waits for it; where it does not, a graph still closes
+// the gaps between the dependent per-step kernels. A graph is captured on a private stream (the
+// legacy default stream cannot be captured) for one kind of call (inference forward, training
+// forward, backward data + weights) and one content of the data descriptors (T, lengths), and
+// keyed on every buffer cuDNN bakes into its kernels' arguments: the lengths on the device,
+// h0/c0, the outputs and gradients we allocate, the reserve space, the weight and weight-gradient
+// spaces and the workspace. The inputs that move from call to call (x, d_output) are copied (or
+// masked) into the cache's own buffers first, so they may live anywhere. The arena hands a steady
+// stream of calls the same blocks, so later calls find their graph; a call whose buffers match
+// none is captured anew (at most kMaxGraphs per cache, least recently used first out), and a
+// cache whose buffers keep changing goes back to eager calls. Inference caches belong to the
+// plan's data descriptors (new T or lengths drop them); a training call has descriptors of its
+// own, so its caches live in the plan, keyed by T and lengths.
+//
 // Dropout between layers uses cuDNN's own dropout (its masks live in the reserve space): the
 // dropout state is seeded once from the caller's Rng on the first training forward with dropout
 // and then advances inside cuDNN. GPU masks therefore differ from the CPU reference's masks (same
@@ -23,7 +40,9 @@
 #include "cudnn/lstm_cudnn.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -66,6 +85,77 @@ int algo_from_option(const std::string& name) {
                                     << "': expected one of standard, persist_static, persist_dynamic, "
                                        "persist_static_small_h, auto, heuristic");
 }
+
+// ---- CUDA graphs of inference calls (LstmOptions::cuda_graphs) ----
+enum GraphMode : int { kGraphsAuto = 0, kGraphsOn = 1, kGraphsOff = 2 };
+
+int graph_mode_from_option(const std::string& name) {
+  if (name == "auto") return kGraphsAuto;
+  if (name == "on") return kGraphsOn;
+  if (name == "off") return kGraphsOff;
+  LSTM_THROW("unknown cuda_graphs '" << name << "': expected one of auto, on, off");
+}
+
+// Owning handles (destroying an executable graph that is still running frees it when it ends).
+struct GraphExec {
+  cudaGraphExec_t h = nullptr;
+  GraphExec() = default;
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  GraphExec(GraphExec&& o) noexcept : h(o.h) { o.h = nullptr; }
+  GraphExec& operator=(GraphExec&& o) noexcept {
+    std::swap(h, o.h);
+    return *this;
+  }
+  ~GraphExec() {
+    if (h) cudaGraphExecDestroy(h);
+  }
+};
+struct Event {
+  cudaEvent_t h = nullptr;
+  Event() { LSTM_CUDA_CHECK(cudaEventCreate(&h)); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() {
+    if (h) cudaEventDestroy(h);
+  }
+};
+
+// One captured piece of cuDNN work: every buffer its kernels were recorded with (the cache's own
+// input buffers included) and the executable graph.
+struct GraphEntry {
+  std::vector<const void*> key;
+  GraphExec exec;
+  uint64_t last_use = 0;
+};
+
+// The graphs of one kind of call (inference forward, training forward, backward) for one content
+// of the data descriptors (T and lengths): a graph holds the kernels' arguments as cuDNN derived
+// them from the descriptors and the buffers.
+struct GraphCache {
+  enum State { kUndecided, kEager, kReplay };
+  State state = kUndecided;
+  int eager_calls = 0;
+  // "auto": the second call is measured (host time to issue it, GPU time between two events).
+  std::unique_ptr<Event> m0, m1;
+  double host_us = 0;
+  bool measuring = false;
+  // The cache's own input buffers (x; d_output and x for a backward), copied into before each
+  // replay, so the caller's inputs may live anywhere.
+  std::vector<cuda::DeviceBuffer> stages;
+  std::vector<GraphEntry> entries;
+  uint64_t clock = 0;
+  int captures = 0, replays = 0;
+};
+// Graphs kept per cache; a call whose buffers match none is captured anew (the least recently
+// used graph goes when the cache is full).
+constexpr size_t kMaxGraphs = 8;
+
+// An input a replay reads from a cache buffer: its size and how to fill it (on the engine stream).
+struct Staged {
+  size_t bytes;
+  std::function<void(void* dst)> fill;
+};
 
 // ---- RAII for cuDNN descriptors ----
 template <class H, cudnnStatus_t (*Create)(H*), cudnnStatus_t (*Destroy)(H)>
@@ -297,6 +387,7 @@ struct DataDescs {
     size_t ws, rs;
   };
   std::vector<Sizes> sizes;
+  GraphCache graphs;  // inference only
 };
 
 // ---- A plan: everything that depends on (spec, dtype, algorithm, batch) but not on the lengths ----
@@ -318,6 +409,9 @@ struct Plan {
   // across steps and cost a cudaMalloc after warm-up in GpuTraining tests).
   DataDescs infer;
   CaseText what;                              // case_str without batch
+  // Graph caches of training calls, per kind and descriptor content ("f" or "b", T, lengths): a
+  // training call's descriptors are its own, so their caches live here.
+  std::map<std::string, GraphCache> train_graphs;
 };
 
 void set_rnn_desc(cudnnRNNDescriptor_t d, int algo, const LstmSpec& s, DType dt, bool allow_tf32,
@@ -362,11 +456,21 @@ bool in_place(const std::vector<Tensor>& ts, const LstmBackend::FlatLayout& layo
 
 class CudnnBackend final : public CudnnLstmBackend {
  public:
-  explicit CudnnBackend(const LstmOptions& o) : options_(o), algo_(algo_from_option(o.cudnn_algo)) {}
+  explicit CudnnBackend(const LstmOptions& o)
+      : options_(o), algo_(algo_from_option(o.cudnn_algo)), graphs_(graph_mode_from_option(o.cuda_graphs)) {}
+  ~CudnnBackend() override {
+    plans_.clear();  // their graphs first
+    last_plan_.reset();
+    if (capture_stream_) cudaStreamDestroy(capture_stream_);
+  }
+  CudnnBackend(const CudnnBackend&) = delete;
+  CudnnBackend& operator=(const CudnnBackend&) = delete;
 
   Algo algo() const override { return Algo::Cudnn; }
   std::string last_algo() const override { return last_algo_; }
   std::string auto_log() const override { return auto_log_; }
+  std::string last_graph() const override { return last_graph_; }
+  std::string graph_log() const override { return graph_log_; }
 
   std::string unsupported_reason(const LstmSpec& spec, DType dtype, Device device) const override {
     if (device != Device::CUDA) return "the cuDNN backend runs on CUDA devices only";
@@ -457,15 +561,7 @@ class CudnnBackend final : public CudnnLstmBackend {
     }
     set_data(*plan, *dd, T, len);
 
-    // x as cuDNN reads it: zero past each length.
-    Tensor x = in.x;
-    if (dd->padded) {
-      x = Tensor::empty(in.x.shape(), dt, Device::CUDA);
-      cuda::mask_past_lengths(x.raw(), in.x.raw(), dtype_size(dt), T, B, spec.input_size, spec.batch_first,
-                              static_cast<const int32_t*>(dd->dev_len.raw()));
-    }
     const void* w = weight_space(*plan, weights);
-
     const int64_t LD = spec.num_layers * spec.directions();
     LstmOutput out;
     out.output = Tensor::empty(spec.batch_first ? Shape{B, T, spec.directions() * spec.out_size()}
@@ -473,13 +569,30 @@ class CudnnBackend final : public CudnnLstmBackend {
                                dt, Device::CUDA);
     out.h_n = Tensor::empty({LD, B, spec.out_size()}, dt, Device::CUDA);
     out.c_n = Tensor::empty({LD, B, spec.hidden_size}, dt, Device::CUDA);
+    last_algo_ = kAlgoNames[a];
+    if (!train_mode) {
+      infer(*plan, *dd, in, w, out, T, B);
+      return out;
+    }
 
-    cudnnRNNDescriptor_t rnn = with_dropout ? dropout_rnn(*plan) : plan->rnn.get();
+    // x as cuDNN reads it (zero past each length), which the backward reads too.
+    Tensor x = in.x;
+    if (dd->padded) {
+      x = Tensor::empty(in.x.shape(), dt, Device::CUDA);
+      stage_x(*plan, *dd, in.x, x.raw(), T, B);
+    }
     cuda::DeviceBuffer reserve;
     size_t rs = 0;
-    run_forward(*plan, rnn, *dd, train_mode, x.raw(), out.output.raw(), in.h0.defined() ? in.h0.raw() : nullptr,
-                out.h_n.raw(), in.c0.defined() ? in.c0.raw() : nullptr, out.c_n.raw(), w, &reserve, &rs, T, B);
-    last_algo_ = kAlgoNames[a];
+    const void* hx = in.h0.defined() ? in.h0.raw() : nullptr;
+    const void* cx = in.c0.defined() ? in.c0.raw() : nullptr;
+    if (with_dropout) {
+      // cuDNN's dropout state advances inside cuDNN from call to call: not captured.
+      last_graph_ = "eager";
+      run_forward(*plan, dropout_rnn(*plan), *dd, true, x.raw(), out.output.raw(), hx, out.h_n.raw(), cx,
+                  out.c_n.raw(), w, &reserve, &rs, T, B);
+    } else {
+      train_forward(*plan, *dd, x, hx, cx, w, out, &reserve, &rs, T, B, len);
+    }
 
     if (saved) {
       auto sv = std::make_unique<CudnnSaved>();
@@ -541,17 +654,6 @@ class CudnnBackend final : public CudnnLstmBackend {
     check_grad(grad.d_c_n, {LD, B, H}, "d_c_n");
     sv->used = true;
 
-    // dy as cuDNN reads it: zero past each length (d_output there is ignored, NaN included).
-    Tensor dy;
-    if (!grad.d_output.defined()) {
-      dy = Tensor::zeros(yshape, dt, Device::CUDA);
-    } else if (dd.padded) {
-      dy = Tensor::empty(yshape, dt, Device::CUDA);
-      cuda::mask_past_lengths(dy.raw(), grad.d_output.raw(), dtype_size(dt), T, B, D * Hout, spec.batch_first,
-                              static_cast<const int32_t*>(dd.dev_len.raw()));
-    } else {
-      dy = grad.d_output;
-    }
     LstmGrads r;
     r.d_x = Tensor::empty(sv->x.shape(), dt, Device::CUDA);
     if (sv->h0.defined()) r.d_h0 = Tensor::empty({LD, B, Hout}, dt, Device::CUDA);
@@ -559,23 +661,19 @@ class CudnnBackend final : public CudnnLstmBackend {
 
     const void* w = weight_space(plan, weights);
     cudnnRNNDescriptor_t rnn = sv->dropout ? dropout_rnn(plan) : plan.rnn.get();
-    cudnnHandle_t h = cuda::cudnn_handle();
     const CaseText what = case_str(spec, dt, B, T, dd.padded);
     const auto [ws, rs] = temp_sizes(dd, rnn, CUDNN_FWD_MODE_TRAINING, plan.algo, what);
     LSTM_CHECK(rs == sv->reserve_bytes, "cuDNN reserve space changed between forward and backward");
     workspace_.ensure(std::max<size_t>(ws, 1));
+    void* wsp = workspace_.get();
     void* reserve = sv->reserve.get();
     const void* hx = sv->h0.defined() ? sv->h0.raw() : nullptr;
     const void* cx = sv->c0.defined() ? sv->c0.raw() : nullptr;
-    LSTM_CUDNN_ACCEPTS(
-        cudnnRNNBackwardData_v8(h, rnn, static_cast<const int32_t*>(dd.dev_len.raw()), dd.y.get(), sv->y.raw(),
-                                dy.raw(), dd.x.get(), r.d_x.raw(), plan.hdesc.get(), hx,
-                                grad.d_h_n.defined() ? grad.d_h_n.raw() : nullptr,
-                                r.d_h0.defined() ? r.d_h0.raw() : nullptr, plan.cdesc.get(), cx,
-                                grad.d_c_n.defined() ? grad.d_c_n.raw() : nullptr,
-                                r.d_c0.defined() ? r.d_c0.raw() : nullptr, plan.layout.bytes, w, ws,
-                                workspace_.get(), rs, reserve),
-        plan.algo, what, "cudnnRNNBackwardData_v8");
+    const void* dhy = grad.d_h_n.defined() ? grad.d_h_n.raw() : nullptr;
+    const void* dcy = grad.d_c_n.defined() ? grad.d_c_n.raw() : nullptr;
+    void* dhx = r.d_h0.defined() ? r.d_h0.raw() : nullptr;
+    void* dcx = r.d_c0.defined() ? r.d_c0.raw() : nullptr;
+    const int32_t* dev_len = static_cast<const int32_t*>(dd.dev_len.raw());
 
     // cuDNN adds into the weight-gradient space (CUDNN_WGRAD_MODE_ADD), which is our contract when
     // d_weights is that space; otherwise it adds into a zeroed scratch space that is then added
@@ -587,11 +685,47 @@ class CudnnBackend final : public CudnnLstmBackend {
       dw = dw_scratch_.get();
       LSTM_CUDA_CHECK(cudaMemsetAsync(dw, 0, plan.layout.bytes, cuda::stream()));
     }
-    LSTM_CUDNN_ACCEPTS(cudnnRNNBackwardWeights_v8(h, rnn, CUDNN_WGRAD_MODE_ADD,
-                                                  static_cast<const int32_t*>(dd.dev_len.raw()), dd.x.get(),
-                                                  sv->x.raw(), plan.hdesc.get(), hx, dd.y.get(), sv->y.raw(),
-                                                  plan.layout.bytes, dw, ws, workspace_.get(), rs, reserve),
-                       plan.algo, what, "cudnnRNNBackwardWeights_v8");
+    auto issue = [&](cudnnHandle_t h, const void* dy, const void* x) {
+      cudnnStatus_t st = cudnnRNNBackwardData_v8(h, rnn, dev_len, dd.y.get(), sv->y.raw(), dy, dd.x.get(), r.d_x.raw(),
+                                                 plan.hdesc.get(), hx, dhy, dhx, plan.cdesc.get(), cx, dcy, dcx,
+                                                 plan.layout.bytes, w, ws, wsp, rs, reserve);
+      if (st != CUDNN_STATUS_SUCCESS) return st;
+      return cudnnRNNBackwardWeights_v8(h, rnn, CUDNN_WGRAD_MODE_ADD, dev_len, dd.x.get(), x, plan.hdesc.get(), hx,
+                                        dd.y.get(), sv->y.raw(), plan.layout.bytes, dw, ws, wsp, rs, reserve);
+    };
+    // dy as cuDNN reads it: zero past each length (d_output there is ignored, NaN included).
+    const size_t dy_bytes = static_cast<size_t>(shape_numel(yshape)) * dtype_size(dt);
+    auto fill_dy = [&](void* dst) {
+      if (!grad.d_output.defined())
+        LSTM_CUDA_CHECK(cudaMemsetAsync(dst, 0, dy_bytes, cuda::stream()));
+      else if (dd.padded)
+        cuda::mask_past_lengths(dst, grad.d_output.raw(), dtype_size(dt), T, B, D * Hout, spec.batch_first, dev_len);
+      else
+        copy_device(dst, grad.d_output.raw(), dy_bytes);
+    };
+    GraphCache* gc = sv->dropout ? nullptr : &train_cache(plan, 'b', T, dd.lengths);
+    const bool graphed =
+        gc && run_graph(*gc, {dev_len, sv->y.raw(), hx, cx, dhy, dcy, r.d_x.raw(), dhx, dcx, w, dw, wsp, reserve},
+                        {{dy_bytes, fill_dy}, {sv->x.nbytes(), [&](void* dst) { copy_device(dst, sv->x.raw(), sv->x.nbytes()); }}},
+                        [&](cudnnHandle_t h, const std::vector<void*>& st) { return issue(h, st[0], st[1]); },
+                        what.text() + ", backward, " + kAlgoNames[plan.algo]);
+    if (!graphed) {
+      Tensor dy = grad.d_output;
+      if (!dy.defined() || dd.padded) {
+        dy = Tensor::empty(yshape, dt, Device::CUDA);
+        fill_dy(dy.raw());
+      }
+      auto eager = [&] {
+        LSTM_CUDNN_ACCEPTS(issue(cuda::cudnn_handle(), dy.raw(), sv->x.raw()), plan.algo, what,
+                           "cudnnRNNBackwardData_v8 / cudnnRNNBackwardWeights_v8");
+      };
+      if (gc) {
+        run_eager(*gc, eager);
+      } else {
+        last_graph_ = "eager";
+        eager();
+      }
+    }
     if (!dw_in_place)
       for (size_t i = 0; i < names.size(); ++i)
         cuda::add_into(d_weights[i].raw(), dt, static_cast<const char*>(dw) + plan.layout.offsets[i], dt,
@@ -603,6 +737,249 @@ class CudnnBackend final : public CudnnLstmBackend {
   }
 
  private:
+  static void copy_device(void* dst, const void* src, size_t bytes) {
+    LSTM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream()));
+  }
+
+  // x as cuDNN reads it, into dst: zero past each length (a copy when every sequence has T steps).
+  static void stage_x(const Plan& p, const DataDescs& dd, const Tensor& x, void* dst, int64_t T, int64_t B) {
+    if (dd.padded)
+      cuda::mask_past_lengths(dst, x.raw(), dtype_size(p.dtype), T, B, p.spec.input_size, p.spec.batch_first,
+                              static_cast<const int32_t*>(dd.dev_len.raw()));
+    else
+      copy_device(dst, x.raw(), x.nbytes());
+  }
+
+  // A training forward without dropout: replayed, or issued eagerly. x is what cuDNN reads (zero
+  // past each length). The reserve space is allocated into *reserve.
+  void train_forward(Plan& p, DataDescs& dd, const Tensor& x, const void* hx, const void* cx, const void* w,
+                     LstmOutput& out, cuda::DeviceBuffer* reserve, size_t* reserve_bytes, int64_t T, int64_t B,
+                     const std::vector<int32_t>& len) {
+    const CaseText what = case_str(p.spec, p.dtype, B, T, dd.padded);
+    const auto [ws, rs] = temp_sizes(dd, p.rnn.get(), CUDNN_FWD_MODE_TRAINING, p.algo, what);
+    workspace_.ensure(std::max<size_t>(ws, 1));
+    *reserve = cuda::DeviceBuffer(std::max<size_t>(rs, 1));
+    *reserve_bytes = rs;
+    void* y = out.output.raw();
+    void* hy = out.h_n.raw();
+    void* cy = out.c_n.raw();
+    void* wsp = workspace_.get();
+    void* rsp = reserve->get();
+    const int32_t* dev_len = static_cast<const int32_t*>(dd.dev_len.raw());
+    auto issue = [&](cudnnHandle_t h, const void* xp) {
+      return cudnnRNNForward(h, p.rnn.get(), CUDNN_FWD_MODE_TRAINING, dev_len, dd.x.get(), xp, dd.y.get(), y,
+                             p.hdesc.get(), hx, hy, p.cdesc.get(), cx, cy, p.layout.bytes, w, ws, wsp, rs, rsp);
+    };
+    GraphCache& gc = train_cache(p, 'f', T, len);
+    if (run_graph(gc, {dev_len, hx, cx, w, wsp, y, hy, cy, rsp},
+                  {{x.nbytes(), [&](void* dst) { copy_device(dst, x.raw(), x.nbytes()); }}},
+                  [&](cudnnHandle_t h, const std::vector<void*>& st) { return issue(h, st[0]); },
+                  what.text() + ", training forward, " + kAlgoNames[p.algo]))
+      return;
+    run_eager(gc, [&] { LSTM_CUDNN_ACCEPTS(issue(cuda::cudnn_handle(), x.raw()), p.algo, what, "cudnnRNNForward"); });
+  }
+
+  // ---- CUDA graphs (LstmOptions::cuda_graphs) ----
+
+  // Runs `eager` (one call's cuDNN work on the engine stream), measuring it when it is the second
+  // call of an undecided cache under "auto".
+  void run_eager(GraphCache& gc, const std::function<void()>& eager) {
+    last_graph_ = "eager";
+    const bool measure = graphs_ == kGraphsAuto && gc.state == GraphCache::kUndecided && gc.eager_calls == 1;
+    if (!measure) {
+      eager();
+      ++gc.eager_calls;
+      return;
+    }
+    gc.m0 = std::make_unique<Event>();
+    gc.m1 = std::make_unique<Event>();
+    LSTM_CUDA_CHECK(cudaEventRecord(gc.m0->h, cuda::stream()));
+    const auto t0 = std::chrono::steady_clock::now();
+    eager();
+    gc.host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    LSTM_CUDA_CHECK(cudaEventRecord(gc.m1->h, cuda::stream()));
+    gc.measuring = true;
+    ++gc.eager_calls;
+  }
+
+  // Runs one call through `gc` as a graph when the cache replays: the stages are filled, then the
+  // graph recorded for `key` (capturing `issue` first when none is) is launched. False when the
+  // call is to run eagerly (graphs off, undecided, eager, or given up just now). `issue` makes the
+  // cuDNN calls on the handle it gets, reading the stage buffers it gets.
+  bool run_graph(GraphCache& gc, std::vector<const void*> key, const std::vector<Staged>& stages,
+                 const std::function<cudnnStatus_t(cudnnHandle_t, const std::vector<void*>&)>& issue,
+                 const std::string& what) {
+    if (graphs_ == kGraphsOff || gc.state == GraphCache::kEager) return false;
+    // The stages are taken on a cache's first call, so that the calls after warm-up allocate
+    // nothing (a training loop's steps never call cudaMalloc); a cache that goes eager returns them.
+    size_t staged_bytes = 0;
+    if (gc.stages.size() != stages.size()) gc.stages.resize(stages.size());
+    std::vector<void*> bufs;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      staged_bytes += stages[i].bytes;
+      gc.stages[i].ensure(std::max<size_t>(stages[i].bytes, 1));
+      bufs.push_back(gc.stages[i].get());
+      key.push_back(bufs.back());
+    }
+    if (gc.state == GraphCache::kUndecided) decide(gc, staged_bytes, what);
+    if (gc.state == GraphCache::kEager) gc.stages.clear();
+    if (gc.state != GraphCache::kReplay) return false;
+    GraphEntry* hit = nullptr;
+    for (auto& e : gc.entries)
+      if (e.key == key) hit = &e;
+    if (hit) {
+      ++gc.replays;
+    } else {
+      if (gc.entries.size() >= kMaxGraphs) {
+        if (gc.captures >= static_cast<int>(2 * kMaxGraphs) && gc.replays < gc.captures) {
+          give_up_graphs(gc, what, "the output, h0/c0 or reserve buffers change on most calls");
+          return false;
+        }
+        gc.entries.erase(std::min_element(gc.entries.begin(), gc.entries.end(),
+                                          [](const GraphEntry& a, const GraphEntry& b) { return a.last_use < b.last_use; }));
+      }
+      GraphEntry e;
+      e.key = std::move(key);
+      const std::string why = capture([&](cudnnHandle_t h) { return issue(h, bufs); }, e.exec);
+      if (!why.empty()) {
+        give_up_graphs(gc, what, why);
+        return false;
+      }
+      ++gc.captures;
+      gc.entries.push_back(std::move(e));
+      hit = &gc.entries.back();
+    }
+    hit->last_use = ++gc.clock;
+    for (size_t i = 0; i < stages.size(); ++i) stages[i].fill(bufs[i]);
+    LSTM_CUDA_CHECK(cudaGraphLaunch(hit->exec.h, cuda::stream()));
+    last_graph_ = "replayed";
+    return true;
+  }
+
+  // Moves an undecided cache to eager or replay when it can (never waits for the GPU). "auto"
+  // replays when the host is what the call waits for (it took at least half the GPU's time to
+  // issue the call), and also when it is not but the copies into the stages that a replay adds
+  // are cheap next to the call (at most 2% of its GPU time, counted at 1 TB/s read + write): a
+  // graph also closes the gaps between cuDNN's dependent per-step kernels (the H200 measured 5-10%
+  // on GPU-bound shapes, docs/PERFORMANCE.md).
+  void decide(GraphCache& gc, size_t staged_bytes, const std::string& what) {
+    if (graphs_ == kGraphsOn) {
+      if (gc.eager_calls >= 1) gc.state = GraphCache::kReplay;
+      return;
+    }
+    if (!gc.measuring) return;
+    const cudaError_t q = cudaEventQuery(gc.m1->h);
+    if (q == cudaErrorNotReady) return;
+    LSTM_CUDA_CHECK(q);
+    float ms = 0;
+    LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, gc.m0->h, gc.m1->h));
+    const double gpu_us = 1e3 * ms;
+    const double copy_us = 2.0 * static_cast<double>(staged_bytes) * 1e-6;
+    const bool host_bound = gc.host_us >= 0.5 * gpu_us, cheap_copy = copy_us <= 0.02 * gpu_us;
+    gc.state = host_bound || cheap_copy ? GraphCache::kReplay : GraphCache::kEager;
+    gc.measuring = false;
+    gc.m0.reset();
+    gc.m1.reset();
+    std::ostringstream os;
+    os << "cuDNN graphs (" << what << "): host " << gc.host_us << " us to issue a call, GPU " << gpu_us
+       << " us, copies into the graph's inputs about " << copy_us
+       << " us: " << (gc.state == GraphCache::kReplay ? "replay" : "eager") << '\n';
+    note_graph(os.str());
+  }
+
+  void give_up_graphs(GraphCache& gc, const std::string& what, const std::string& why) {
+    gc = GraphCache();
+    gc.state = GraphCache::kEager;
+    note_graph("cuDNN graphs (" + what + "): eager from now on: " + why + '\n');
+  }
+
+  // Records issue(handle) into `out` on a stream of our own (the legacy default stream cannot be
+  // captured). Returns why it failed ("" on success).
+  std::string capture(const std::function<cudnnStatus_t(cudnnHandle_t)>& issue, GraphExec& out) {
+    if (!capture_stream_) LSTM_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+    cudnnHandle_t h = cuda::cudnn_handle();
+    LSTM_CUDA_CHECK(cudnnSetStream(h, capture_stream_));
+    // Thread-local mode: a call cuDNN may not make while capturing (a synchronisation, an
+    // allocation) fails the capture instead of running outside the graph.
+    const cudaError_t begin = cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal);
+    cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+    char detail[512] = {0};
+    if (begin == cudaSuccess) {
+      st = issue(h);
+      if (st != CUDNN_STATUS_SUCCESS) cudnnGetLastErrorString(detail, sizeof(detail));
+    }
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = begin == cudaSuccess ? cudaStreamEndCapture(capture_stream_, &g) : begin;
+    LSTM_CUDA_CHECK(cudnnSetStream(h, cuda::stream()));
+    std::string why;
+    if (begin != cudaSuccess)
+      why = std::string("cudaStreamBeginCapture failed: ") + cudaGetErrorString(begin);
+    else if (st != CUDNN_STATUS_SUCCESS)
+      why = std::string("cuDNN under stream capture returned ") + cudnnGetErrorString(st) +
+            (detail[0] ? std::string(" (") + detail + ")" : std::string());
+    else if (end != cudaSuccess || !g)
+      why = std::string("cudaStreamEndCapture failed: ") + cudaGetErrorString(end);
+    if (why.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&out.h, g, 0);
+      if (inst != cudaSuccess) why = std::string("cudaGraphInstantiate failed: ") + cudaGetErrorString(inst);
+    }
+    if (g) cudaGraphDestroy(g);
+    if (!why.empty()) {
+      (void)cudaGetLastError();  // the failed capture's error must not be blamed on a later call
+      return why;
+    }
+    LSTM_CUDA_CHECK(cudaGraphUpload(out.h, cuda::stream()));
+    return "";
+  }
+
+  void note_graph(const std::string& line) {
+    // Bounded: a process that keeps changing shapes would otherwise grow it without end.
+    if (graph_log_.size() > (1u << 16)) graph_log_.erase(0, graph_log_.size() / 2);
+    graph_log_ += line;
+  }
+
+  // The cache of a training call's kind ('f' forward, 'b' backward) for T and these lengths.
+  static GraphCache& train_cache(Plan& p, char kind, int64_t T, const std::vector<int32_t>& len) {
+    std::string k(1, kind);
+    k += std::to_string(T);
+    for (int32_t l : len) k += ',' + std::to_string(l);
+    // Lengths that change on every batch would pile caches up (none of which ever replays).
+    if (p.train_graphs.size() >= 16 && !p.train_graphs.count(k)) p.train_graphs.clear();
+    return p.train_graphs[k];
+  }
+
+  // The inference call: replayed, or issued eagerly.
+  void infer(const Plan& p, DataDescs& dd, const LstmInput& in, const void* w, LstmOutput& out, int64_t T,
+             int64_t B) {
+    const void* hx = in.h0.defined() ? in.h0.raw() : nullptr;
+    const void* cx = in.c0.defined() ? in.c0.raw() : nullptr;
+    const CaseText what = case_str(p.spec, p.dtype, B, T, dd.padded);
+    const size_t ws = temp_sizes(dd, p.rnn.get(), CUDNN_FWD_MODE_INFERENCE, p.algo, what).first;
+    workspace_.ensure(std::max<size_t>(ws, 1));
+    void* y = out.output.raw();
+    void* hy = out.h_n.raw();
+    void* cy = out.c_n.raw();
+    void* wsp = workspace_.get();
+    const int32_t* dev_len = static_cast<const int32_t*>(dd.dev_len.raw());
+    auto issue = [&](cudnnHandle_t h, const void* x) {
+      return cudnnRNNForward(h, p.rnn.get(), CUDNN_FWD_MODE_INFERENCE, dev_len, dd.x.get(), x, dd.y.get(), y,
+                             p.hdesc.get(), hx, hy, p.cdesc.get(), cx, cy, p.layout.bytes, w, ws, wsp, 0, nullptr);
+    };
+    if (run_graph(dd.graphs, {dev_len, hx, cx, w, wsp, y, hy, cy},
+                  {{in.x.nbytes(), [&](void* dst) { stage_x(p, dd, in.x, dst, T, B); }}},
+                  [&](cudnnHandle_t h, const std::vector<void*>& st) { return issue(h, st[0]); },
+                  what.text() + ", inference, " + kAlgoNames[p.algo]))
+      return;
+    Tensor x = in.x;
+    if (dd.padded) {
+      x = Tensor::empty(in.x.shape(), p.dtype, Device::CUDA);
+      stage_x(p, dd, in.x, x.raw(), T, B);
+    }
+    run_eager(dd.graphs, [&] {
+      LSTM_CUDNN_ACCEPTS(issue(cuda::cudnn_handle(), x.raw()), p.algo, what, "cudnnRNNForward");
+    });
+  }
+
   // ---- Plans ----
   std::string plan_key(const LstmSpec& s, DType dt, int a, int64_t B, bool packed = false) const {
     std::ostringstream os;
@@ -732,6 +1109,7 @@ class CudnnBackend final : public CudnnLstmBackend {
     dd.T = T;
     dd.padded = padded;
     dd.sizes.clear();
+    dd.graphs = GraphCache();
   }
 
   // Workspace and reserve sizes for a call with these descriptors (asked of cuDNN once).
@@ -886,6 +1264,8 @@ class CudnnBackend final : public CudnnLstmBackend {
 
   LstmOptions options_;
   int algo_;
+  int graphs_;
+  cudaStream_t capture_stream_ = nullptr;
   // Declared before the plans: RNN descriptors made with these must go first.
   std::unique_ptr<DropoutDesc> nodrop_, drop_;
   cuda::DeviceBuffer drop_states_;
@@ -895,7 +1275,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   std::shared_ptr<Plan> last_plan_;  // one of plans_
   std::map<std::string, int> auto_choice_;
   cuda::DeviceBuffer workspace_, w_copy_, dw_scratch_;
-  std::string last_algo_, auto_log_;
+  std::string last_algo_, auto_log_, last_graph_, graph_log_;
 };
 
 }  // namespace

@@ -16,6 +16,12 @@ class CudnnLstmBackend : public LstmBackend {
   // One line per choice "auto" made so far: the case, each algorithm's time (or why it was left
   // out) and the pick.
   virtual std::string auto_log() const = 0;
+  // How the last forward or backward ran cuDNN's work: "replayed" (a CUDA graph), "eager"
+  // (issued call by call), "" (none yet).
+  virtual std::string last_graph() const = 0;
+  // One line per cuda_graphs decision: "auto"'s measurement and choice per shape, or why a shape
+  // runs without graphs (a capture that failed, buffers that keep changing).
+  virtual std::string graph_log() const = 0;
 };
 
 }  // namespace lstm

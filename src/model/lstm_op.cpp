@@ -262,6 +262,8 @@ class ReferenceHandle final : public LstmBackend {
 
 std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
                                                Device device) {
+  LSTM_REQUIRE(options.cuda_graphs == "auto" || options.cuda_graphs == "on" || options.cuda_graphs == "off",
+               "LstmOptions::cuda_graphs: expected auto, on or off, got '" << options.cuda_graphs << "'");
   Algo algo = options.algo;
   if (algo == Algo::Auto) algo = device == Device::CPU ? Algo::Reference : Algo::Cudnn;
   std::unique_ptr<LstmBackend> be;
