@@ -12,7 +12,8 @@
 //
 // --graphs sets LstmOptions::cuda_graphs for every cell through our backend (default auto, the
 // library's default): cuDNN calls may then be replayed as CUDA graphs, and such a cell warms
-// up with at least three calls (eager, measured, captured). The row says "graphs" (the setting)
+// up with at least five calls under auto (eager, measured, captured, measured replay, judged;
+// three under on). The row says "graphs" (the setting)
 // and "graph" (how its last timed call ran, its backward in training: "replayed" or "eager").
 //
 // What one timed repeat is: infer = forward with nothing saved; train = training forward (saving
@@ -820,7 +821,7 @@ class GpuBench {
     const int64_t x_n = c.T * c.B * c.I, d_n = c.T * c.B * c.D() * c.H;
     const int64_t max_slots = p.numel() / slot;
     LSTM_CHECK(max_slots >= 1, "input pool too small");
-    const int64_t nbuf = std::min<int64_t>(max_slots, std::max(opt_.warmup, 3) + opt_.repeats + 1);
+    const int64_t nbuf = std::min<int64_t>(max_slots, std::max(opt_.warmup, 5) + opt_.repeats + 1);
     int64_t& cur = cursor_[dt];
     auto take = [&](int64_t off, Inputs& in) {
       in.xs.push_back(p.slice0(off, off + x_n).reshape({c.T, c.B, c.I}));
@@ -963,9 +964,11 @@ class GpuBench {
       auto result_dx = [&]() -> const Tensor& { return naive ? ndx : grads.d_x; };
 
       // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. With
-      // CUDA graphs a cell needs three calls before its steady state: the first runs eagerly, the
-      // second is measured for "auto", the third captures the graph.
-      const int warmup = be && opt_.graphs != "off" ? std::max(opt_.warmup, 3) : opt_.warmup;
+      // CUDA graphs a cell needs more calls before its steady state: the first runs eagerly, the
+      // second is measured, the third captures the graph; under "auto" the fourth (a replay) is
+      // measured and the fifth keeps the graphs or goes back to eager calls.
+      const int warmup = !be || opt_.graphs == "off" ? opt_.warmup
+                                                      : std::max(opt_.warmup, opt_.graphs == "auto" ? 5 : 3);
       std::vector<double> wms = time_calls(events_, 0, warmup, zero_dw, run);
       const double probe = wms.back();
       int repeats = opt_.repeats;

@@ -133,12 +133,15 @@ struct GraphEntry {
 // of the data descriptors (T and lengths): a graph holds the kernels' arguments as cuDNN derived
 // them from the descriptors and the buffers.
 struct GraphCache {
-  enum State { kUndecided, kEager, kReplay };
+  // kTrial ("auto"): replaying, until a measured replay says whether graphs beat eager calls.
+  enum State { kUndecided, kTrial, kReplay, kEager };
   State state = kUndecided;
-  int eager_calls = 0;
-  // "auto": the second call is measured (host time to issue it, GPU time between two events).
+  int eager_calls = 0, trial_replays = 0;
+  // "auto": the second call is measured (host time to issue it, GPU time between two events),
+  // then the second replay (GPU time).
   std::unique_ptr<Event> m0, m1;
   double host_us = 0;
+  double eager_us = 0;  // the measured eager call's time per call: the larger of host and GPU time
   bool measuring = false;
   // The cache's own input buffers (x; d_output and x for a backward), copied into before each
   // replay, so the caller's inputs may live anywhere.
@@ -822,8 +825,9 @@ class CudnnBackend final : public CudnnLstmBackend {
       key.push_back(bufs.back());
     }
     if (gc.state == GraphCache::kUndecided) decide(gc, staged_bytes, what);
+    if (gc.state == GraphCache::kTrial && gc.measuring) judge_trial(gc, what);
     if (gc.state == GraphCache::kEager) gc.stages.clear();
-    if (gc.state != GraphCache::kReplay) return false;
+    if (gc.state != GraphCache::kReplay && gc.state != GraphCache::kTrial) return false;
     GraphEntry* hit = nullptr;
     for (auto& e : gc.entries)
       if (e.key == key) hit = &e;
@@ -850,40 +854,83 @@ class CudnnBackend final : public CudnnLstmBackend {
       hit = &gc.entries.back();
     }
     hit->last_use = ++gc.clock;
+    // The trial times its second replay (the first one follows the capture), copies included.
+    const bool measure = gc.state == GraphCache::kTrial && gc.trial_replays++ == 1;
+    if (measure) {
+      gc.m0 = std::make_unique<Event>();
+      gc.m1 = std::make_unique<Event>();
+      LSTM_CUDA_CHECK(cudaEventRecord(gc.m0->h, cuda::stream()));
+    }
     for (size_t i = 0; i < stages.size(); ++i) stages[i].fill(bufs[i]);
     LSTM_CUDA_CHECK(cudaGraphLaunch(hit->exec.h, cuda::stream()));
+    if (measure) {
+      LSTM_CUDA_CHECK(cudaEventRecord(gc.m1->h, cuda::stream()));
+      gc.measuring = true;
+    }
     last_graph_ = "replayed";
     return true;
   }
 
-  // Moves an undecided cache to eager or replay when it can (never waits for the GPU). "auto"
-  // replays when the host is what the call waits for (it took at least half the GPU's time to
-  // issue the call), and also when it is not but the copies into the stages that a replay adds
-  // are cheap next to the call (at most 2% of its GPU time, counted at 1 TB/s read + write): a
-  // graph also closes the gaps between cuDNN's dependent per-step kernels (the H200 measured 5-10%
-  // on GPU-bound shapes, docs/PERFORMANCE.md).
+  // The GPU time of an event pair, once both have happened (-1 before: never waits).
+  static double elapsed_us(const GraphCache& gc) {
+    const cudaError_t q = cudaEventQuery(gc.m1->h);
+    if (q == cudaErrorNotReady) return -1;
+    LSTM_CUDA_CHECK(q);
+    float ms = 0;
+    LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, gc.m0->h, gc.m1->h));
+    return 1e3 * ms;
+  }
+
+  // "auto"'s second look: the measured replay against the measured eager call. Graphs stay when
+  // the replay took no longer than the eager call's time per call (the larger of its host and GPU
+  // time: a loop of eager calls goes no faster than either). Some captured calls ran slower than
+  // the same work issued eagerly (bf16 training backwards of a few shapes on the H200,
+  // docs/PERFORMANCE.md), which is what this catches.
+  void judge_trial(GraphCache& gc, const std::string& what) {
+    const double graph_us = elapsed_us(gc);
+    if (graph_us < 0) return;
+    gc.measuring = false;
+    gc.m0.reset();
+    gc.m1.reset();
+    const bool keep = graph_us <= gc.eager_us;
+    std::ostringstream os;
+    os << "cuDNN graphs (" << what << "): a replay took " << graph_us << " us against " << gc.eager_us
+       << " us per eager call: " << (keep ? "replay" : "eager") << '\n';
+    note_graph(os.str());
+    if (keep) {
+      gc.state = GraphCache::kReplay;
+    } else {
+      gc = GraphCache();
+      gc.state = GraphCache::kEager;
+    }
+  }
+
+  // Moves an undecided cache on when it can (never waits for the GPU): "on" to replay, "auto" to
+  // eager or to a trial of graphs (judge_trial has the last word). "auto" tries graphs when the
+  // host is what the call waits for (it took at least half the GPU's time to issue the call), and
+  // also when it is not but the copies into the stages that a replay adds are cheap next to the
+  // call (at most 2% of its GPU time, counted at 1 TB/s read + write): a graph also closes the
+  // gaps between cuDNN's dependent per-step kernels (the H200 measured 5-10% on GPU-bound shapes,
+  // docs/PERFORMANCE.md).
   void decide(GraphCache& gc, size_t staged_bytes, const std::string& what) {
     if (graphs_ == kGraphsOn) {
       if (gc.eager_calls >= 1) gc.state = GraphCache::kReplay;
       return;
     }
     if (!gc.measuring) return;
-    const cudaError_t q = cudaEventQuery(gc.m1->h);
-    if (q == cudaErrorNotReady) return;
-    LSTM_CUDA_CHECK(q);
-    float ms = 0;
-    LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, gc.m0->h, gc.m1->h));
-    const double gpu_us = 1e3 * ms;
+    const double gpu_us = elapsed_us(gc);
+    if (gpu_us < 0) return;
     const double copy_us = 2.0 * static_cast<double>(staged_bytes) * 1e-6;
     const bool host_bound = gc.host_us >= 0.5 * gpu_us, cheap_copy = copy_us <= 0.02 * gpu_us;
-    gc.state = host_bound || cheap_copy ? GraphCache::kReplay : GraphCache::kEager;
+    gc.state = host_bound || cheap_copy ? GraphCache::kTrial : GraphCache::kEager;
+    gc.eager_us = std::max(gc.host_us, gpu_us);
     gc.measuring = false;
     gc.m0.reset();
     gc.m1.reset();
     std::ostringstream os;
     os << "cuDNN graphs (" << what << "): host " << gc.host_us << " us to issue a call, GPU " << gpu_us
        << " us, copies into the graph's inputs about " << copy_us
-       << " us: " << (gc.state == GraphCache::kReplay ? "replay" : "eager") << '\n';
+       << " us: " << (gc.state == GraphCache::kTrial ? "try graphs" : "eager") << '\n';
     note_graph(os.str());
   }
 
