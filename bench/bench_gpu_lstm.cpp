@@ -12,8 +12,9 @@
 //
 // --graphs sets LstmOptions::cuda_graphs for every cell through our backend (default auto, the
 // library's default): cuDNN calls may then be replayed as CUDA graphs, and such a cell warms
-// up with at least five calls under auto (eager, measured, captured, measured replay, judged;
-// three under on). The row says "graphs" (the setting)
+// up until the backend has settled how the cell's calls run (CudnnLstmBackend::graphs_settled:
+// under auto a few measured eager calls, a capture and a few measured replays; at most 30 extra
+// calls). The row says "graphs" (the setting), "graphs_settled"
 // and "graph" (how its last timed call ran, its backward in training: "replayed" or "eager").
 //
 // What one timed repeat is: infer = forward with nothing saved; train = training forward (saving
@@ -89,6 +90,9 @@
 namespace {
 
 using json = nlohmann::ordered_json;
+
+// Warm-up calls a cell may add to --warmup while the backend settles its CUDA graph decision.
+constexpr int kMaxExtraWarmup = 30;
 
 struct Options {
   std::string suites_file = LSTM_BENCH_SUITES;
@@ -821,7 +825,7 @@ class GpuBench {
     const int64_t x_n = c.T * c.B * c.I, d_n = c.T * c.B * c.D() * c.H;
     const int64_t max_slots = p.numel() / slot;
     LSTM_CHECK(max_slots >= 1, "input pool too small");
-    const int64_t nbuf = std::min<int64_t>(max_slots, std::max(opt_.warmup, 5) + opt_.repeats + 1);
+    const int64_t nbuf = std::min<int64_t>(max_slots, opt_.warmup + kMaxExtraWarmup + opt_.repeats + 1);
     int64_t& cur = cursor_[dt];
     auto take = [&](int64_t off, Inputs& in) {
       in.xs.push_back(p.slice0(off, off + x_n).reshape({c.T, c.B, c.I}));
@@ -964,12 +968,16 @@ class GpuBench {
       auto result_dx = [&]() -> const Tensor& { return naive ? ndx : grads.d_x; };
 
       // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. With
-      // CUDA graphs a cell needs more calls before its steady state: the first runs eagerly, the
-      // second is measured, the third captures the graph; under "auto" the fourth (a replay) is
-      // measured and the fifth keeps the graphs or goes back to eager calls.
-      const int warmup = !be || opt_.graphs == "off" ? opt_.warmup
-                                                      : std::max(opt_.warmup, opt_.graphs == "auto" ? 5 : 3);
-      std::vector<double> wms = time_calls(events_, 0, warmup, zero_dw, run);
+      // CUDA graphs the warm-up goes on until the backend has settled how the cell's calls run
+      // (under "auto" a few measured eager calls, a capture and a few measured replays), at most
+      // kMaxExtraWarmup more calls.
+      std::vector<double> wms = time_calls(events_, 0, opt_.warmup, zero_dw, run);
+      int warmup = opt_.warmup;
+      const auto* cb = dynamic_cast<const lstm::CudnnLstmBackend*>(be.get());
+      while (cb && !cb->graphs_settled() && warmup < opt_.warmup + kMaxExtraWarmup) {
+        wms.push_back(time_calls(events_, warmup, 1, zero_dw, run)[0]);
+        ++warmup;
+      }
       const double probe = wms.back();
       int repeats = opt_.repeats;
       bool capped = false;
@@ -1008,8 +1016,9 @@ class GpuBench {
       row["peak_mib"] = static_cast<double>(peak + in.x_bytes + in.dout_bytes) / (1 << 20);
       row["repeats"] = repeats;
       row["warmup"] = warmup;
-      if (const auto* cb = dynamic_cast<const lstm::CudnnLstmBackend*>(be.get())) {
+      if (cb) {
         row["graphs"] = opt_.graphs;
+        row["graphs_settled"] = cb->graphs_settled();
         row["graph"] = cb->last_graph();  // how the last timed call (its backward, in training) ran
       }
       row["host_us_per_call"] = percentile(host_us, 0.5);

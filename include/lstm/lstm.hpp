@@ -149,10 +149,11 @@ struct LstmOptions {
   // any buffers: they are copied into the graph's own input buffers first (one device copy of
   // each per call, and of x again in the backward). Results are the same bits as without graphs
   // (same kernels).
-  // "auto" (the default): the second call with a shape is measured; graphs are tried when the
-  //   host took at least half as long to issue it as the GPU took to run it, or when the copies
-  //   are at most 2% of the GPU's time, and kept when the second replay took no longer than the
-  //   eager call (the larger of its host and GPU time);
+  // "auto" (the default): three eager calls with a shape (after its first) are measured; graphs
+  //   are tried when the host took at least half as long to issue a call as the GPU took to run
+  //   it, or when the copies are at most 2% of the GPU's time, and kept when the fastest of three
+  //   replays took no longer than the fastest eager call (GPU time, waiting for the host
+  //   included); cuDNN's captured work was measured slower than its eager calls on some shapes;
   // "on": replay from the second call with a shape (the first is the warm-up);
   // "off": never.
   // A shape whose capture fails, or whose buffers change on most calls, runs without graphs, and

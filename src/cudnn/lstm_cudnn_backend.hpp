@@ -22,6 +22,10 @@ class CudnnLstmBackend : public LstmBackend {
   // One line per cuda_graphs decision: "auto"'s measurement and choice per shape, or why a shape
   // runs without graphs (a capture that failed, buffers that keep changing).
   virtual std::string graph_log() const = 0;
+  // Whether the last forward's and the last backward's shapes have their cuda_graphs decision
+  // ("auto" measures a few eager calls, then a few replays, before it keeps graphs or not): from
+  // then on the same calls run the way they will keep running. Benchmarks warm up until it holds.
+  virtual bool graphs_settled() const = 0;
 };
 
 }  // namespace lstm
