@@ -1019,6 +1019,7 @@ class GpuBench {
       if (cb) {
         row["graphs"] = opt_.graphs;
         row["graphs_settled"] = cb->graphs_settled();
+        row["graph_captures"] = cb->graph_counts().captures;  // over the whole cell, warm-up included
         row["graph"] = cb->last_graph();  // how the last timed call (its backward, in training) ran
       }
       row["host_us_per_call"] = percentile(host_us, 0.5);

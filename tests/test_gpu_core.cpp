@@ -150,6 +150,30 @@ TEST(GpuCore, ArenaReusesBlocksWithoutNewMallocs) {
   EXPECT_LE(arena_stats().reserved_bytes, before.reserved_bytes);
 }
 
+// Of the free blocks of one size the arena hands out the one freed last, so a loop that frees and
+// allocates the same sizes gets the same addresses back every time (CUDA graphs key on them),
+// however many blocks of that size an earlier phase left in the cache.
+TEST(GpuCore, ArenaHandsBackTheBlockFreedLast) {
+  LSTM_REQUIRE_GPU();
+  const Shape shape{3 << 20};  // 12 MiB: a 2 MiB size class
+  {
+    std::vector<Tensor> earlier;
+    for (int i = 0; i < 4; ++i) earlier.push_back(Tensor::empty(shape, DType::F32, Device::CUDA));
+  }
+  const void *first_t = nullptr, *first_u = nullptr;
+  for (int i = 0; i < 10; ++i) {
+    Tensor t = Tensor::empty(shape, DType::F32, Device::CUDA);
+    Tensor u = Tensor::empty(shape, DType::F32, Device::CUDA);  // freed before t (reverse order)
+    if (i == 0) {
+      first_t = t.raw();
+      first_u = u.raw();
+    }
+    EXPECT_NE(t.raw(), u.raw());
+    EXPECT_EQ(t.raw(), first_t) << "iteration " << i;
+    EXPECT_EQ(u.raw(), first_u) << "iteration " << i;
+  }
+}
+
 TEST(GpuCore, DeviceOutOfMemoryIsAClearError) {
   LSTM_REQUIRE_GPU();
   try {

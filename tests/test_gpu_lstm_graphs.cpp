@@ -478,14 +478,19 @@ TEST(CudnnGraphs, ReplaysDoNotAllocateDeviceMemory) {
   train_step();
   cuda_synchronize();
   const int64_t mallocs = arena_stats().device_mallocs;
-  for (int call = 0; call < 10; ++call) {
+  int64_t captures = 0;
+  for (int call = 0; call < 12; ++call) {
     refill_x(in.x, pr.rng, {}, pr.s, pr.T, pr.B);
     pr.graphed->forward(pr.s, pr.wg, in, false, nullptr, nullptr);
     EXPECT_EQ(info(*pr.graphed).last_graph(), "replayed");
     train_step();
     EXPECT_EQ(info(*pr.graphed).last_graph(), "replayed");
+    // After a few calls every set of buffers the loop cycles through has its graph.
+    if (call == 3) captures = info(*pr.graphed).graph_counts().captures;
   }
   cuda_synchronize();
   EXPECT_EQ(arena_stats().device_mallocs, mallocs);
+  EXPECT_EQ(info(*pr.graphed).graph_counts().captures, captures) << "a steady loop kept capturing";
+  EXPECT_GE(info(*pr.graphed).graph_counts().replays, 8 * 3);
 #endif
 }

@@ -63,9 +63,14 @@ class Arena {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.allocations;
     auto& fl = free_[s];
-    // Best fit, but a large block is not split nor used for a request under half its size.
+    // Best fit, but a large block is not split nor used for a request under half its size. Of
+    // the free blocks of that size the one freed last (multimap keeps equal keys in insertion
+    // order): a loop that frees and allocates the same sizes gets the same blocks back on every
+    // iteration, which CUDA graphs keyed on buffer addresses rely on (taking the oldest instead
+    // cycled through every cached block of the size).
     auto it = fl.lower_bound(n);
     if (it != fl.end() && it->first <= 2 * n + (size_t(1) << 20)) {
+      it = std::prev(fl.upper_bound(it->first));
       void* p = it->second;
       size_t sz = it->first;
       fl.erase(it);

@@ -136,7 +136,7 @@ struct GraphCache {
   // kTrial ("auto"): replaying, until a measured replay says whether graphs beat eager calls.
   enum State { kUndecided, kTrial, kReplay, kEager };
   State state = kUndecided;
-  int eager_calls = 0, trial_replays = 0;
+  int eager_calls = 0;
   // "auto" measures kSamples eager calls (from the second on: host time to issue each, GPU time
   // between two events), then kSamples replays (from the second on: GPU time).
   struct Mark {
@@ -478,6 +478,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   std::string auto_log() const override { return auto_log_; }
   std::string last_graph() const override { return last_graph_; }
   bool graphs_settled() const override { return settled_fwd_ && settled_bwd_; }
+  GraphCounts graph_counts() const override { return counts_; }
   std::string graph_log() const override { return graph_log_; }
 
   std::string unsupported_reason(const LstmSpec& spec, DType dtype, Device device) const override {
@@ -864,17 +865,20 @@ class CudnnBackend final : public CudnnLstmBackend {
     GraphEntry* hit = nullptr;
     for (auto& e : gc.entries)
       if (e.key == key) hit = &e;
+    const bool was_hit = hit != nullptr;
     if (hit) {
       ++gc.replays;
+      ++counts_.replays;
     } else {
-      if (gc.entries.size() >= kMaxGraphs) {
-        if (gc.captures >= static_cast<int>(2 * kMaxGraphs) && gc.replays < gc.captures) {
-          give_up_graphs(gc, what, "the output, h0/c0 or reserve buffers change on most calls");
-          return false;
-        }
+      // A capture costs about an eager call's host time and more: a cache that keeps capturing
+      // (buffers that cycle through more sets than it keeps) is slower than eager calls.
+      if (gc.captures >= static_cast<int>(2 * kMaxGraphs) && 4 * gc.captures > gc.replays) {
+        give_up_graphs(gc, what, "the output, h0/c0 or reserve buffers change too often");
+        return false;
+      }
+      if (gc.entries.size() >= kMaxGraphs)
         gc.entries.erase(std::min_element(gc.entries.begin(), gc.entries.end(),
                                           [](const GraphEntry& a, const GraphEntry& b) { return a.last_use < b.last_use; }));
-      }
       GraphEntry e;
       e.key = std::move(key);
       const std::string why = capture([&](cudnnHandle_t h) { return issue(h, bufs); }, e.exec);
@@ -883,13 +887,13 @@ class CudnnBackend final : public CudnnLstmBackend {
         return false;
       }
       ++gc.captures;
+      ++counts_.captures;
       gc.entries.push_back(std::move(e));
       hit = &gc.entries.back();
     }
     hit->last_use = ++gc.clock;
-    // The trial times kSamples replays after the first one (which follows the capture), copies
-    // included.
-    const bool measure = gc.state == GraphCache::kTrial && gc.trial_replays++ >= 1 && gc.marks.size() < kSamples;
+    // The trial times kSamples replays of graphs captured on an earlier call, copies included.
+    const bool measure = gc.state == GraphCache::kTrial && was_hit && gc.marks.size() < kSamples;
     if (measure) begin_mark(gc);
     for (size_t i = 0; i < stages.size(); ++i) stages[i].fill(bufs[i]);
     LSTM_CUDA_CHECK(cudaGraphLaunch(hit->exec.h, cuda::stream()));
@@ -1335,6 +1339,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   int graphs_;
   cudaStream_t capture_stream_ = nullptr;
   bool settled_fwd_ = true, settled_bwd_ = true;  // see graphs_settled()
+  GraphCounts counts_;
   // Declared before the plans: RNN descriptors made with these must go first.
   std::unique_ptr<DropoutDesc> nodrop_, drop_;
   cuda::DeviceBuffer drop_states_;

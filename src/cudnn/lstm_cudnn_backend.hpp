@@ -26,6 +26,12 @@ class CudnnLstmBackend : public LstmBackend {
   // ("auto" measures a few eager calls, then a few replays, before it keeps graphs or not): from
   // then on the same calls run the way they will keep running. Benchmarks warm up until it holds.
   virtual bool graphs_settled() const = 0;
+  // Graphs captured and replays of captured graphs so far, over every shape. A steady loop
+  // captures a few graphs and then only replays.
+  struct GraphCounts {
+    int64_t captures = 0, replays = 0;
+  };
+  virtual GraphCounts graph_counts() const = 0;
 };
 
 }  // namespace lstm
