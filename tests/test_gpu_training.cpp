@@ -207,51 +207,58 @@ TEST(GpuTraining, NonFiniteGradientSkipsTheUpdateAndStops) {
 
 // The step loop the trainer runs, by hand: after warm-up no step calls cudaMalloc, and the
 // loss and norm stay on the device until read.
+// With CUDA graphs off and on (each deterministic: "on" captures on a shape's second call, within
+// the warm-up; "auto" moves when its measurements say so).
 TEST(GpuTraining, StepsAfterWarmUpDoNotAllocateDeviceMemory) {
   LSTM_REQUIRE_GPU();
-  Model m;
-  LstmSpec s;
-  s.hidden_size = 64;
-  s.num_layers = 2;
-  s.bidirectional = true;
-  m.add(make_embedding(50, 16)).add(make_lstm(s)).add(make_dropout(0.1)).add(make_dense(50));
-  m.build({SignalKind::Tokens, 50});
-  Rng rng(1);
-  m.init(rng);
-  m.place(gpu(Precision::BF16));
-  auto params = m.parameters();
-  auto opt = make_adamw();
-  Tensor guard = Tensor::zeros({1}, DType::F32, Device::CUDA);
-  auto step = [&](int i) {
-    const int64_t T = 20, B = 8;
-    std::vector<int64_t> ids(T * B), tg(T * B), lengths(B);
-    for (auto& v : ids) v = static_cast<int64_t>(rng.below(50));
-    for (auto& v : tg) v = static_cast<int64_t>(rng.below(50));
-    for (int64_t b = 0; b < B; ++b) lengths[b] = i % 4 == 3 ? T : 5 + (b * 7 + i % 4) % 16;
-    std::vector<uint8_t> mask(T * B);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t b = 0; b < B; ++b) mask[t * B + b] = t < lengths[b];
-    m.zero_grad();
-    Act out = m.forward({Tensor::from_vector<int64_t>({T, B}, ids), lengths}, true, rng);
-    LossResult l = softmax_cross_entropy(out.data.reshape({T * B, 50}), Tensor::from_vector<int64_t>({T * B}, tg), -100, mask);
-    m.backward({l.grad.reshape({T, B, 50}), lengths});
-    Tensor norm = grad_norm_tensor(params);
-    clip_grad_norm_with(params, 1.0, norm);
-    opt->step_guarded(params, 1e-3, norm);
-    return l;
-  };
-  // The lengths cycle through 4 patterns (padded and full batches): two warm-up cycles see
-  // every shape the loop meets, then three more cycles must be served from the arena's cache.
-  for (int i = 0; i < 8; ++i) step(i);
-  cuda_synchronize();
-  const ArenaStats before = arena_stats();
-  LossResult last;
-  for (int i = 8; i < 20; ++i) last = step(i);
-  EXPECT_TRUE(last.pending);
-  last.resolve();
-  EXPECT_TRUE(std::isfinite(last.loss));
-  EXPECT_GT(last.count, 0);
-  EXPECT_EQ(arena_stats().device_mallocs, before.device_mallocs) << "a training step called cudaMalloc after warm-up";
+  for (const char* graphs : {"off", "on"}) {
+    SCOPED_TRACE(std::string("cuda_graphs ") + graphs);
+    Model m;
+    LstmSpec s;
+    s.hidden_size = 64;
+    s.num_layers = 2;
+    s.bidirectional = true;
+    m.add(make_embedding(50, 16)).add(make_lstm(s)).add(make_dropout(0.1)).add(make_dense(50));
+    m.build({SignalKind::Tokens, 50});
+    Rng rng(1);
+    m.init(rng);
+    Placement pl = gpu(Precision::BF16);
+    pl.lstm.cuda_graphs = graphs;
+    m.place(pl);
+    auto params = m.parameters();
+    auto opt = make_adamw();
+    auto step = [&](int i) {
+      const int64_t T = 20, B = 8;
+      std::vector<int64_t> ids(T * B), tg(T * B), lengths(B);
+      for (auto& v : ids) v = static_cast<int64_t>(rng.below(50));
+      for (auto& v : tg) v = static_cast<int64_t>(rng.below(50));
+      for (int64_t b = 0; b < B; ++b) lengths[b] = i % 4 == 3 ? T : 5 + (b * 7 + i % 4) % 16;
+      std::vector<uint8_t> mask(T * B);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t b = 0; b < B; ++b) mask[t * B + b] = t < lengths[b];
+      m.zero_grad();
+      Act out = m.forward({Tensor::from_vector<int64_t>({T, B}, ids), lengths}, true, rng);
+      LossResult l =
+          softmax_cross_entropy(out.data.reshape({T * B, 50}), Tensor::from_vector<int64_t>({T * B}, tg), -100, mask);
+      m.backward({l.grad.reshape({T, B, 50}), lengths});
+      Tensor norm = grad_norm_tensor(params);
+      clip_grad_norm_with(params, 1.0, norm);
+      opt->step_guarded(params, 1e-3, norm);
+      return l;
+    };
+    // The lengths cycle through 4 patterns (padded and full batches): two warm-up cycles see
+    // every shape the loop meets, then three more cycles must be served from the arena's cache.
+    for (int i = 0; i < 8; ++i) step(i);
+    cuda_synchronize();
+    const ArenaStats before = arena_stats();
+    LossResult last;
+    for (int i = 8; i < 20; ++i) last = step(i);
+    EXPECT_TRUE(last.pending);
+    last.resolve();
+    EXPECT_TRUE(std::isfinite(last.loss));
+    EXPECT_GT(last.count, 0);
+    EXPECT_EQ(arena_stats().device_mallocs, before.device_mallocs) << "a training step called cudaMalloc after warm-up";
+  }
 }
 
 // ---- the lstm program -------------------------------------------------------------------------
