@@ -30,8 +30,17 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-inline LstmSpec make_spec(int64_t I, int64_t H, int64_t L, bool bi, int64_t P = 0, bool bias = true,
-                          bool batch_first = false) {
+
+// Normal(0, sd) values (never zeros) in a CPU tensor of `dtype`.
+inline Tensor random_tensor(const Shape& shape, Rng& rng, double sd = 1.0, DType dtype = DType::F32) {
+  Tensor t = Tensor::empty(shape, DType::F64);
+  rng.fill_normal(t, 0, sd);
+  return dtype == DType::F64 ? t : t.to(dtype);
+}
+
+// An LstmSpec from its sizes (gpu_test_util.hpp needs no GPU: CPU tests use this too).
+inline LstmSpec make_spec(int64_t I, int64_t H, int64_t L, bool bi = false, int64_t P = 0, bool bias = true,
+                          bool batch_first = false, double dropout = 0.0) {
   LstmSpec s;
   s.input_size = I;
   s.hidden_size = H;
@@ -40,14 +49,8 @@ inline LstmSpec make_spec(int64_t I, int64_t H, int64_t L, bool bi, int64_t P = 
   s.proj_size = P;
   s.bias = bias;
   s.batch_first = batch_first;
+  s.dropout = dropout;
   return s;
-}
-
-// Normal(0, sd) values (never zeros) in a CPU tensor of `dtype`.
-inline Tensor random_tensor(const Shape& shape, Rng& rng, double sd = 1.0, DType dtype = DType::F32) {
-  Tensor t = Tensor::empty(shape, DType::F64);
-  rng.fill_normal(t, 0, sd);
-  return dtype == DType::F64 ? t : t.to(dtype);
 }
 
 }  // namespace lstm::testing

@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
 #include "lstm/tensor.hpp"
 
 using namespace lstm;
+using lstm::testing::make_spec;
 
 namespace {
 
@@ -131,34 +133,21 @@ void expect_close(const Tensor& analytic_g, const Tensor& numeric_g, const std::
                        << max_abs_diff(analytic_g, numeric_g) << ")";
 }
 
-LstmSpec spec_of(int64_t I, int64_t H, int64_t L, bool bi = false, int64_t P = 0, bool bias = true,
-                 bool batch_first = false, double dropout = 0.0) {
-  LstmSpec s;
-  s.input_size = I;
-  s.hidden_size = H;
-  s.num_layers = L;
-  s.bidirectional = bi;
-  s.proj_size = P;
-  s.bias = bias;
-  s.batch_first = batch_first;
-  s.dropout = dropout;
-  return s;
-}
 
 std::vector<Case> gradcheck_cases() {
   return {
-      {"uni_l1", spec_of(3, 4, 1), 4, 3, {}, false},
-      {"uni_l2_h0", spec_of(3, 4, 2), 4, 3, {}, true},
-      {"bi_l1", spec_of(2, 3, 1, true), 4, 2, {}, true},
-      {"bi_l2_varlen", spec_of(3, 3, 2, true), 5, 3, {5, 1, 3}, true},
-      {"proj_uni_l2", spec_of(3, 4, 2, false, 2), 4, 2, {}, true},
-      {"proj_bi_l2_varlen", spec_of(2, 4, 2, true, 3), 5, 3, {2, 5, 1}, true},
-      {"batch_first_bi_varlen", spec_of(3, 3, 2, true, 0, true, true), 5, 3, {4, 1, 5}, true},
-      {"varlen_uni_l1", spec_of(2, 3, 1), 6, 4, {6, 1, 3, 2}, false},
-      {"nobias_bi_l2", spec_of(3, 3, 2, true, 0, false), 4, 2, {4, 2}, true},
-      {"nobias_proj_l2", spec_of(3, 4, 2, false, 2, false), 4, 2, {}, false},
-      {"dropout_uni_l3", spec_of(3, 3, 3, false, 0, true, false, 0.4), 4, 3, {4, 2, 3}, true},
-      {"dropout_bi_proj_l2_bf", spec_of(2, 4, 2, true, 2, true, true, 0.5), 5, 3, {3, 5, 1}, true},
+      {"uni_l1", make_spec(3, 4, 1), 4, 3, {}, false},
+      {"uni_l2_h0", make_spec(3, 4, 2), 4, 3, {}, true},
+      {"bi_l1", make_spec(2, 3, 1, true), 4, 2, {}, true},
+      {"bi_l2_varlen", make_spec(3, 3, 2, true), 5, 3, {5, 1, 3}, true},
+      {"proj_uni_l2", make_spec(3, 4, 2, false, 2), 4, 2, {}, true},
+      {"proj_bi_l2_varlen", make_spec(2, 4, 2, true, 3), 5, 3, {2, 5, 1}, true},
+      {"batch_first_bi_varlen", make_spec(3, 3, 2, true, 0, true, true), 5, 3, {4, 1, 5}, true},
+      {"varlen_uni_l1", make_spec(2, 3, 1), 6, 4, {6, 1, 3, 2}, false},
+      {"nobias_bi_l2", make_spec(3, 3, 2, true, 0, false), 4, 2, {4, 2}, true},
+      {"nobias_proj_l2", make_spec(3, 4, 2, false, 2, false), 4, 2, {}, false},
+      {"dropout_uni_l3", make_spec(3, 3, 3, false, 0, true, false, 0.4), 4, 3, {4, 2, 3}, true},
+      {"dropout_bi_proj_l2_bf", make_spec(2, 4, 2, true, 2, true, true, 0.5), 5, 3, {3, 5, 1}, true},
   };
 }
 
@@ -338,11 +327,11 @@ TEST_P(Semantics, ReverseDirectionStartsAtEachSequencesOwnEnd) {
 
 std::vector<Case> semantics_cases() {
   return {
-      {"uni_l1", spec_of(3, 4, 1), 6, 4, {6, 1, 3, 2}, false},
-      {"uni_l2_h0", spec_of(3, 4, 2), 6, 4, {2, 6, 1, 5}, true},
-      {"bi_l2", spec_of(3, 4, 2, true), 6, 4, {6, 1, 3, 2}, true},
-      {"bi_proj_l3_bf", spec_of(2, 5, 3, true, 3, true, true), 7, 3, {1, 7, 4}, true},
-      {"bi_nobias_bf", spec_of(3, 3, 1, true, 0, false, true), 5, 3, {5, 2, 1}, false},
+      {"uni_l1", make_spec(3, 4, 1), 6, 4, {6, 1, 3, 2}, false},
+      {"uni_l2_h0", make_spec(3, 4, 2), 6, 4, {2, 6, 1, 5}, true},
+      {"bi_l2", make_spec(3, 4, 2, true), 6, 4, {6, 1, 3, 2}, true},
+      {"bi_proj_l3_bf", make_spec(2, 5, 3, true, 3, true, true), 7, 3, {1, 7, 4}, true},
+      {"bi_nobias_bf", make_spec(3, 3, 1, true, 0, false, true), 5, 3, {5, 2, 1}, false},
   };
 }
 
@@ -350,7 +339,7 @@ INSTANTIATE_TEST_SUITE_P(Reference, Semantics, ::testing::ValuesIn(semantics_cas
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 TEST(LstmSemantics, EqualLengthsEqualNoLengths) {
-  Case c{"bi", spec_of(3, 4, 2, true, 2), 5, 3, {5, 5, 5}, true};
+  Case c{"bi", make_spec(3, 4, 2, true, 2), 5, 3, {5, 5, 5}, true};
   Problem with = make_problem(c, 11);
   Problem without = make_problem(c, 11);
   without.in.lengths.clear();
@@ -362,7 +351,7 @@ TEST(LstmSemantics, EqualLengthsEqualNoLengths) {
 }
 
 TEST(LstmSemantics, DropoutOnlyInTrainingAndNotAfterTheLastLayer) {
-  Case c{"drop", spec_of(3, 4, 2, false, 0, true, false, 0.5), 4, 3, {}, false};
+  Case c{"drop", make_spec(3, 4, 2, false, 0, true, false, 0.5), 4, 3, {}, false};
   Problem p = make_problem(c, 12);
   LstmBackend& be = lstm_backend(Algo::Reference, c.spec, DType::F64, Device::CPU);
   LstmSpec no_drop = c.spec;
@@ -393,7 +382,7 @@ TEST(LstmSemantics, DropoutOnlyInTrainingAndNotAfterTheLastLayer) {
 }
 
 TEST(LstmSemantics, F32AgreesWithF64) {
-  Case c{"bi_proj", spec_of(3, 5, 2, true, 3), 6, 3, {6, 1, 4}, true};
+  Case c{"bi_proj", make_spec(3, 5, 2, true, 3), 6, 3, {6, 1, 4}, true};
   Problem p = make_problem(c, 13);
   Analytic a64 = analytic(p);
   Problem q = p;
@@ -431,7 +420,7 @@ void expect_error(F&& f, const std::vector<std::string>& needles) {
 }
 
 TEST(LstmErrors, BadShapesAndLengthsAreNamed) {
-  Case c{"e", spec_of(3, 4, 2, true), 5, 2, {5, 3}, true};
+  Case c{"e", make_spec(3, 4, 2, true), 5, 2, {5, 3}, true};
   Problem p = make_problem(c, 21);
   LstmBackend& be = lstm_backend(Algo::Reference, c.spec, DType::F64, Device::CPU);
   auto fwd = [&](const LstmInput& in, const std::vector<Tensor>& w) {
@@ -508,8 +497,8 @@ std::map<std::string, Shape> shapes_of(const LstmSpec& s, const std::string& pre
 }
 
 TEST(LstmSpecInfer, RoundTrip) {
-  for (const LstmSpec& s : {spec_of(3, 4, 1), spec_of(3, 4, 3, true), spec_of(5, 4, 2, false, 2),
-                            spec_of(1, 6, 3, true, 5, false), spec_of(4, 4, 2, true, 0, false)}) {
+  for (const LstmSpec& s : {make_spec(3, 4, 1), make_spec(3, 4, 3, true), make_spec(5, 4, 2, false, 2),
+                            make_spec(1, 6, 3, true, 5, false), make_spec(4, 4, 2, true, 0, false)}) {
     EXPECT_EQ(LstmSpec::infer(shapes_of(s)), s) << shape_str(s.param_shape("weight_ih_l0"));
     auto prefixed = shapes_of(s, "encoder.lstm.");
     prefixed["encoder.embedding.weight"] = {10, s.input_size};
@@ -517,7 +506,7 @@ TEST(LstmSpecInfer, RoundTrip) {
     EXPECT_EQ(LstmSpec::infer(prefixed, "encoder.lstm."), s);
   }
   // Fields that the state_dict cannot know come back at their defaults.
-  LstmSpec s = spec_of(3, 4, 2, true, 0, true, true, 0.25);
+  LstmSpec s = make_spec(3, 4, 2, true, 0, true, true, 0.25);
   LstmSpec want = s;
   want.batch_first = false;
   want.dropout = 0.0;
@@ -525,7 +514,7 @@ TEST(LstmSpecInfer, RoundTrip) {
 }
 
 TEST(LstmSpecInfer, NamesTheMissingOrWrongTensor) {
-  const LstmSpec s = spec_of(3, 4, 2, true, 2);
+  const LstmSpec s = make_spec(3, 4, 2, true, 2);
   expect_error([&] { LstmSpec::infer({}); }, {"weight_ih_l0", "weight_hh_l0"});
   expect_error([&] { LstmSpec::infer(shapes_of(s), "lstm."); }, {"lstm.weight_ih_l0"});
   {
@@ -569,7 +558,7 @@ TEST(LstmSpecInfer, NamesTheMissingOrWrongTensor) {
     expect_error([&] { LstmSpec::infer(m); }, {"unexpected", "_l1"});
   }
   {
-    auto m = shapes_of(spec_of(3, 4, 1));
+    auto m = shapes_of(make_spec(3, 4, 1));
     m["weight_hr_l3"] = {2, 4};
     expect_error([&] { LstmSpec::infer(m); }, {"weight_hr"});
   }

@@ -153,7 +153,7 @@ struct LstmOptions {
   //   are tried when the host took at least half as long to issue a call as the GPU took to run
   //   it, or when the copies are at most 2% of the GPU's time, and kept when the fastest of three
   //   replays took no longer than the fastest eager call (GPU time, waiting for the host
-  //   included); cuDNN's captured work was measured slower than its eager calls on some shapes;
+  //   included);
   // "on": replay from the second call with a shape (the first is the warm-up);
   // "off": never.
   // A shape whose capture fails, or whose buffers change on most calls, runs without graphs, and
