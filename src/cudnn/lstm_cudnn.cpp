@@ -86,7 +86,7 @@ int algo_from_option(const std::string& name) {
                                        "persist_static_small_h, auto, heuristic");
 }
 
-// ---- CUDA graphs of inference calls (LstmOptions::cuda_graphs) ----
+// ---- CUDA graphs of cuDNN calls (LstmOptions::cuda_graphs) ----
 enum GraphMode : int { kGraphsAuto = 0, kGraphsOn = 1, kGraphsOff = 2 };
 
 int graph_mode_from_option(const std::string& name) {
@@ -96,7 +96,8 @@ int graph_mode_from_option(const std::string& name) {
   LSTM_THROW("unknown cuda_graphs '" << name << "': expected one of auto, on, off");
 }
 
-// Owning handles (destroying an executable graph that is still running frees it when it ends).
+// Owning handles (destroying an executable graph that is still running frees it when it ends;
+// events also time cudnn_algo "auto"'s candidates).
 struct GraphExec {
   cudaGraphExec_t h = nullptr;
   GraphExec() = default;
@@ -1250,16 +1251,7 @@ class CudnnBackend final : public CudnnLstmBackend {
     log << "cuDNN auto (" << case_str(s, dt, B, T, padded).text() << ", " << (train_mode ? "training" : "inference") << "):";
     int best = -1;
     float best_ms = 0;
-    cudaEvent_t e0, e1;
-    LSTM_CUDA_CHECK(cudaEventCreate(&e0));
-    LSTM_CUDA_CHECK(cudaEventCreate(&e1));
-    struct EventGuard {
-      cudaEvent_t a, b;
-      ~EventGuard() {
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
-      }
-    } guard{e0, e1};
+    const Event e0, e1;
     const int64_t LD = s.num_layers * s.directions();
     Tensor x = in.x;
     if (padded) x = Tensor::zeros(in.x.shape(), dt, Device::CUDA);  // timing only: values do not matter
@@ -1311,13 +1303,13 @@ class CudnnBackend final : public CudnnLstmBackend {
                              a, what, "cudnnRNNBackwardWeights_v8");
         };
         once();  // warm-up; also where a rejection at call time shows
-        LSTM_CUDA_CHECK(cudaEventRecord(e0, cuda::stream()));
+        LSTM_CUDA_CHECK(cudaEventRecord(e0.h, cuda::stream()));
         const int reps = 3;
         for (int r = 0; r < reps; ++r) once();
-        LSTM_CUDA_CHECK(cudaEventRecord(e1, cuda::stream()));
-        LSTM_CUDA_CHECK(cudaEventSynchronize(e1));
+        LSTM_CUDA_CHECK(cudaEventRecord(e1.h, cuda::stream()));
+        LSTM_CUDA_CHECK(cudaEventSynchronize(e1.h));
         float ms = 0;
-        LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0.h, e1.h));
         ms /= reps;
         log << ' ' << kAlgoNames[a] << ' ' << ms << " ms;";
         if (best < 0 || ms < best_ms) {

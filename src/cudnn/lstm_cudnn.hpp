@@ -9,8 +9,8 @@ namespace lstm {
 
 // A cuDNN backend instance; options.cudnn_algo picks cuDNN's algorithm ("standard",
 // "persist_static", "persist_dynamic", "persist_static_small_h", "auto", "heuristic") and
-// allow_tf32 the math mode for F32 data, cuda_graphs whether inference calls are replayed as CUDA
-// graphs ("auto", "on", "off"). Throws naming the accepted names for an unknown cudnn_algo or
+// allow_tf32 the math mode for F32 data, cuda_graphs whether its calls are replayed as CUDA graphs
+// ("auto", "on", "off"). Throws naming the accepted names for an unknown cudnn_algo or
 // cuda_graphs.
 std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions& options);
 
