@@ -15,7 +15,9 @@
 // up until the backend has settled how the cell's calls run (CudnnLstmBackend::graphs_settled:
 // under auto a few measured eager calls, a capture and a few measured replays; at most 30 extra
 // calls). The row says "graphs" (the setting), "graphs_settled"
-// and "graph" (how its last timed call ran, its backward in training: "replayed" or "eager").
+// and "graph" (how its last timed call ran, its backward in training: "replayed" or "eager"),
+// "graph_captures" and "graph_decisions" (the backend's graph_log for the cell: auto's measured
+// eager and replayed times and its verdict per shape, or why a shape runs eagerly).
 //
 // What one timed repeat is: infer = forward with nothing saved; train = training forward (saving
 // for backward) + backward of a random d_output, weight gradients included (accumulated into
@@ -1021,6 +1023,13 @@ class GpuBench {
         row["graphs_settled"] = cb->graphs_settled();
         row["graph_captures"] = cb->graph_counts().captures;  // over the whole cell, warm-up included
         row["graph"] = cb->last_graph();  // how the last timed call (its backward, in training) ran
+        // auto's measurements and verdicts for this cell (the backend is the cell's own), or why
+        // a shape runs eagerly: one string per line.
+        std::vector<std::string> notes;
+        std::istringstream log(cb->graph_log());
+        for (std::string line; std::getline(log, line);)
+          if (!line.empty()) notes.push_back(line);
+        row["graph_decisions"] = notes;
       }
       row["host_us_per_call"] = percentile(host_us, 0.5);
       row["sm_mhz"] = sm_mhz;
