@@ -48,6 +48,13 @@
 // first. --max-cell-s caps the repeats of a cell whose warm-up call already took more than 3x the
 // fastest algorithm of the same case, mode and dtype (such a row says "capped": true and may have
 // fewer than 10 repeats; it can never be the fastest).
+//
+// --cooldown-ms N (default 0): before a cell's warm-up the GPU idles for as long as the previous
+// cell kept it busy (its warm-up and timed calls), at most N ms; the row says "cooldown_ms". The
+// H200 caps its clock by a power average over about a second (nvidia-smi's SW power cap): after
+// a GEMM-heavy cell, the next one ran at 1450-1650 MHz instead of 1980, by an amount that hangs on
+// how many calls came before, which differs between benches (bench_gpu_torch.py has the same
+// option; docs/PERFORMANCE.md, 2026-12-01 third session).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -62,6 +69,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -120,6 +128,7 @@ struct Options {
   bool list = false;
   std::string out;
   std::string graphs = "auto";  // LstmOptions::cuda_graphs of every cell through our backend
+  double cooldown_ms = 0;       // idle before a cell, up to the previous cell's busy time
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -129,7 +138,7 @@ struct Options {
             << "         [--warmup N>=1] [--out FILE] [--quick] [--cases-per-suite N] [--check]\n"
             << "         [--check-suite NAME]... [--check-max-gflop G] [--budget-s S] [--max-cell-s S]\n"
             << "         [--no-ceilings] [--gemm-size N] [--copy-mib N] [--case ID]... [--list]\n"
-            << "         [--graphs auto|on|off]\n"
+            << "         [--graphs auto|on|off] [--cooldown-ms N]\n"
             << "  --algos: comma list of cudnn (all four cuDNN algorithms), cudnn:standard,\n"
             << "           cudnn:persist_static, cudnn:persist_dynamic, cudnn:persist_static_small_h,\n"
             << "           naive (only on --naive-suite suites, default paper), or an LSTM algo name\n";
@@ -218,6 +227,9 @@ Options parse_args(int argc, char** argv) {
       o.graphs = value();
       if (o.graphs != "auto" && o.graphs != "on" && o.graphs != "off")
         usage_error("--graphs accepts auto, on and off, got '" + o.graphs + "'");
+    } else if (a == "--cooldown-ms") {
+      o.cooldown_ms = parse_double(a, value());
+      if (o.cooldown_ms < 0) usage_error("--cooldown-ms must be >= 0, got " + std::to_string(o.cooldown_ms));
     } else if (a == "-h" || a == "--help") {
       usage_error("help");
     } else {
@@ -621,6 +633,7 @@ class GpuBench {
     h["warmup"] = opt_.warmup;
     h["cuda_graphs"] = opt_.graphs;
     h["max_cell_s"] = opt_.max_cell_s;
+    h["cooldown_ms"] = opt_.cooldown_ms;
     h["budget_s"] = opt_.budget_s;
     h["quick"] = opt_.quick;
     h["cells"] = plan_.cells.size();
@@ -973,6 +986,12 @@ class GpuBench {
       // CUDA graphs the warm-up goes on until the backend has settled how the cell's calls run
       // (under "auto" a few measured eager calls, a capture and a few measured replays), at most
       // kMaxExtraWarmup more calls.
+      const double cooldown = std::min(opt_.cooldown_ms, busy_ms_);
+      if (cooldown > 0) {
+        lstm::cuda_synchronize();
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cooldown));
+      }
+      busy_ms_ = 0;
       std::vector<double> wms = time_calls(events_, 0, opt_.warmup, zero_dw, run);
       int warmup = opt_.warmup;
       const auto* cb = dynamic_cast<const lstm::CudnnLstmBackend*>(be.get());
@@ -993,6 +1012,8 @@ class GpuBench {
       std::vector<double> host_us;
       std::vector<double> ms = time_calls(events_, warmup, repeats, zero_dw, run, &host_us);
       const double sm_mhz = sm_clock_mhz();  // the clock the loop above ran at
+      for (double t : wms) busy_ms_ += t;
+      for (double t : ms) busy_ms_ += t;
 
       // A timing of a computation that went non-finite is no timing.
       const Tensor& o = result_out();
@@ -1035,6 +1056,7 @@ class GpuBench {
       row["sm_mhz"] = sm_mhz;
       row["first_call_ms"] = wms.front();
       row["capped"] = capped;
+      row["cooldown_ms"] = cooldown;
       row["input_buffers"] = nbuf;
       if (!best_ms_.count(best_key) || med < best_ms_[best_key]) best_ms_[best_key] = med;
 
@@ -1091,6 +1113,7 @@ class GpuBench {
   std::map<DType, int64_t> cursor_;  // next free element of each pool
   std::map<std::pair<size_t, int>, Reference> refs_;
   std::map<std::string, double> best_ms_;
+  double busy_ms_ = 0;  // GPU time of the previous cell's calls (--cooldown-ms)
   std::string fatal_;
   int check_failures_ = 0;
 };

@@ -25,6 +25,9 @@ cell (the documented recipe: warm-up on a side stream, capture with torch.cuda.g
 static_x.copy_(x) and graph.replay()), as "algo": "torch_graph": what a PyTorch user gets by
 graphing nn.LSTM by hand, to set beside our cuda_graphs.
 
+--cooldown-ms N: before a cell's warm-up the GPU idles as long as the previous cell kept it busy,
+at most N ms (bench_gpu_lstm has the same option and says why); the row says "cooldown_ms".
+
 Exits 0 with a note (and a header line with "error") when torch or a CUDA GPU is missing.
 
   python3 scripts/bench_gpu_torch.py --out torch.jsonl [--suite NAME]... [--dtype D]...
@@ -135,6 +138,9 @@ def main():
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="stop starting cells after this many seconds (they are recorded as not run); 0: no limit")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
+    ap.add_argument("--cooldown-ms", type=float, default=0.0,
+                    help="idle before a cell's warm-up for as long as the previous cell kept the GPU busy, "
+                         "at most this many ms (as bench_gpu_lstm --cooldown-ms); 0: never")
     ap.add_argument("--graphs", action="store_true",
                     help="inference cells only, replayed from a CUDA graph (algo torch_graph)")
     args = ap.parse_args()
@@ -142,6 +148,8 @@ def main():
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if repeats < 10 or warmup < 1:
         ap.error("--repeats must be >= 10 and --warmup >= 1")
+    if args.cooldown_ms < 0:
+        ap.error(f"--cooldown-ms must be >= 0, got {args.cooldown_ms}")
 
     if args.graphs:
         args.mode = ["infer"]
@@ -187,7 +195,7 @@ def main():
               "git_commit": os.environ.get("LSTM_CHECK_GIT_COMMIT") or None,
               "suites_file": args.suites_file, "suites": suites, "dtypes": dtypes, "modes": modes,
               "repeats": repeats, "warmup": warmup, "budget_s": args.budget_s, "quick": args.quick,
-              "graphs": args.graphs, "cells": len(cells)}
+              "graphs": args.graphs, "cooldown_ms": args.cooldown_ms, "cells": len(cells)}
     emit(header)
     print(f"bench_gpu_torch: {header['gpu']}; {header['versions']}; {len(cases)} cases, {len(cells)} cells; "
           f"warm-up {warmup}, median of {repeats}")
@@ -223,6 +231,8 @@ def main():
             cursor[tdt] = 0
             torch.cuda.synchronize()
         return pools[tdt]
+
+    busy = {"ms": 0.0}  # GPU time of the previous cell's calls (--cooldown-ms)
 
     def run_cell(c, mode, dtype, row):
         train = mode == "train"
@@ -307,10 +317,16 @@ def main():
             ev[-1][1].synchronize()
             return [a.elapsed_time(b) for a, b in ev]
 
+        cooldown = min(args.cooldown_ms, busy["ms"])
+        if cooldown > 0:
+            torch.cuda.synchronize()
+            time.sleep(cooldown * 1e-3)
+        busy["ms"] = 0.0
         wms = time_calls(0, warmup)
         host_us = []
         ms = time_calls(warmup, repeats, host_us)
         mhz = sm_clock_mhz()  # the clock the loop above ran at
+        busy["ms"] = sum(wms) + sum(ms)
         y = state["y"]
         if not bool(torch.isfinite(y).all()):
             raise RuntimeError("non-finite output")
@@ -328,7 +344,7 @@ def main():
                     "us_per_step": med * 1e3 / c["T"], "tflops": row["gflop"] / (med * 1e-3) * 1e-3,
                     "peak_mib": (peak + (nx + (nd if train else 0)) * es) / 2**20, "repeats": repeats,
                     "warmup": warmup, "host_us_per_call": percentile(host_us, 0.5), "sm_mhz": mhz,
-                    "first_call_ms": wms[0], "capped": False, "input_buffers": nbuf})
+                    "first_call_ms": wms[0], "capped": False, "input_buffers": nbuf, "cooldown_ms": cooldown})
 
     t0 = time.monotonic()
     counts = {"measured": 0, "failed": 0, "not run": 0}

@@ -51,6 +51,9 @@
 #   LSTM_GPU_BENCH_BUDGET_S (210), LSTM_GPU_TORCH_BUDGET_S (100)   seconds of cells per bench;
 #                             cells not started in time are recorded as "not run"
 #   LSTM_GPU_MAX_CELL_S (0.5) cap per cell for an algorithm > 3x slower than the case's best
+#   LSTM_GPU_COOLDOWN_MS (1000) both benches' --cooldown-ms: before a cell the GPU idles as long
+#                             as the previous cell kept it busy, at most this long (0: never), so
+#                             that no cell inherits a power-capped clock from the one before
 #   LSTM_GPU_CHECK_SUITES     suites checked against the float64 CPU reference (default "paper")
 #   LSTM_GPU_BENCH_ARGS / LSTM_GPU_TORCH_ARGS   extra arguments for bench_gpu_lstm / bench_gpu_torch.py
 #
@@ -269,7 +272,7 @@ section_gpu_bench() {
     fi
   done
   local ours_budget=${LSTM_GPU_BENCH_BUDGET_S:-210} torch_budget=${LSTM_GPU_TORCH_BUDGET_S:-100}
-  local common=(--suites-file "$suites") cell=() s
+  local common=(--suites-file "$suites" --cooldown-ms "${LSTM_GPU_COOLDOWN_MS:-1000}") cell=() s
   for s in ${LSTM_GPU_SUITES:-}; do common+=(--suite "$s"); done
   for s in ${LSTM_GPU_DTYPES:-}; do common+=(--dtype "$s"); done
   for s in ${LSTM_GPU_MODES:-}; do common+=(--mode "$s"); done
