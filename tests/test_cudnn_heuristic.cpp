@@ -78,3 +78,38 @@ TEST(CudnnHeuristic, IsAnAcceptedAlgorithmName) {
 #else
 TEST(CudnnHeuristic, NeedsACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 #endif
+
+#if LSTM_HAVE_CUDA
+// cuda_graphs "auto"'s first look (a pure function; runs without a GPU). Numbers from the H200
+// (docs/PERFORMANCE.md, 2026-12-01 third session).
+TEST(CudaGraphsFirstLook, HostBoundCallsTryGraphs) {
+  const GraphFirstLook l = cuda_graphs_first_look(11511.5, 11513.6, 16384, 3851);  // L1-H512-B8-T1000 fp16
+  EXPECT_TRUE(l.host_bound);
+  EXPECT_TRUE(l.try_graphs());
+  EXPECT_FALSE(cuda_graphs_first_look(499, 1000, 1u << 30, 3851).host_bound);
+  EXPECT_TRUE(cuda_graphs_first_look(500, 1000, 1u << 30, 3851).host_bound);
+}
+
+TEST(CudaGraphsFirstLook, CopiesAreCountedAtTheGivenBandwidth) {
+  // L1-H1024-B256-T100 tf32 inference: x is 104857600 bytes; host 1509 us, GPU 3021 us. At 80%
+  // of the H200's 4814 GB/s the copy takes ~54 us (1.8% of the call): a trial. At the old rule's
+  // 1000 GB/s (the fallback when the bandwidth is unknown) it was 210 us: eager.
+  const GraphFirstLook l = cuda_graphs_first_look(1509.08, 3021.41, 104857600, 0.8 * 4814.3);
+  EXPECT_NEAR(l.copy_us, 54.45, 0.1);
+  EXPECT_FALSE(l.host_bound);
+  EXPECT_TRUE(l.cheap_copy);
+  EXPECT_TRUE(l.try_graphs());
+  const GraphFirstLook old = cuda_graphs_first_look(1509.08, 3021.41, 104857600, 0);
+  EXPECT_NEAR(old.copy_us, 209.7, 0.1);
+  EXPECT_FALSE(old.cheap_copy);  // 6.9% of the call
+  EXPECT_FALSE(old.try_graphs());
+}
+
+TEST(CudaGraphsFirstLook, CopiesUpToFivePercentOfTheCallAreCheap) {
+  // 1e8 bytes at 2000 GB/s: 100 us, against calls of 2000 us (5%) and 1999 us (just above).
+  EXPECT_TRUE(cuda_graphs_first_look(10, 2000, 100000000, 2000).try_graphs());
+  EXPECT_FALSE(cuda_graphs_first_look(10, 1999, 100000000, 2000).try_graphs());
+  // Nothing to copy: every call is worth a trial.
+  EXPECT_TRUE(cuda_graphs_first_look(1, 5000, 0, 2000).cheap_copy);
+}
+#endif

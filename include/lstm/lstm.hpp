@@ -151,7 +151,8 @@ struct LstmOptions {
   // (same kernels).
   // "auto" (the default): three eager calls with a shape (after its first) are measured; graphs
   //   are tried when the host took at least half as long to issue a call as the GPU took to run
-  //   it, or when the copies are at most 2% of the GPU's time, and kept when the fastest of three
+  //   it, or when the copies are at most 5% of the GPU's time (counted at 80% of the device's
+  //   memory bandwidth; cuda_graphs_first_look in cudnn/lstm_cudnn.hpp), and kept when the fastest of three
   //   replays took no longer than the fastest eager call (GPU time, waiting for the host
   //   included);
   // "on": replay from the second call with a shape (the first is the warm-up);

@@ -927,12 +927,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   }
 
   // Moves an undecided cache on when it can (never waits for the GPU): "on" to replay, "auto" to
-  // eager or to a trial of graphs (judge_trial has the last word). "auto" tries graphs when the
-  // host is what the call waits for (it took at least half the GPU's time to issue the call), and
-  // also when it is not but the copies into the stages that a replay adds are cheap next to the
-  // call (at most 2% of its GPU time, counted at 1 TB/s read + write): a graph also closes the
-  // gaps between cuDNN's dependent per-step kernels (the H200 measured 5-10% on GPU-bound shapes,
-  // docs/PERFORMANCE.md).
+  // eager or to a trial of graphs (cuda_graphs_first_look; judge_trial has the last word).
   void decide(GraphCache& gc, size_t staged_bytes, const std::string& what) {
     if (graphs_ == kGraphsOn) {
       if (gc.eager_calls >= 1) gc.state = GraphCache::kReplay;
@@ -940,17 +935,27 @@ class CudnnBackend final : public CudnnLstmBackend {
     }
     double gpu_us = 0, host_us = 0;
     if (!fastest(gc, &gpu_us, &host_us)) return;
-    const double copy_us = 2.0 * static_cast<double>(staged_bytes) * 1e-6;
-    const bool host_bound = host_us >= 0.5 * gpu_us, cheap_copy = copy_us <= 0.02 * gpu_us;
-    gc.state = host_bound || cheap_copy ? GraphCache::kTrial : GraphCache::kEager;
+    if (copy_gbs_ < 0) copy_gbs_ = device_copy_gbs();  // here, not in the constructor: a GPU is there
+    const GraphFirstLook look = cuda_graphs_first_look(host_us, gpu_us, staged_bytes, copy_gbs_);
+    gc.state = look.try_graphs() ? GraphCache::kTrial : GraphCache::kEager;
     gc.eager_us = gpu_us;
     gc.marks.clear();
     std::ostringstream os;
     os << "cuDNN graphs (" << what << "): the fastest of " << kSamples << " eager calls: host " << host_us
-       << " us to issue, GPU " << gpu_us
-       << " us, copies into the graph's inputs about " << copy_us
+       << " us to issue, GPU " << gpu_us << " us, copies into the graph's inputs about " << look.copy_us
        << " us: " << (gc.state == GraphCache::kTrial ? "try graphs" : "eager") << '\n';
     note_graph(os.str());
+  }
+
+  // What "auto" counts a device copy at: 80% of the device's theoretical memory bandwidth (an
+  // H200 copied at 4245 of its 4814 GB/s, bytes read + written). 0 (the rule's fallback) when
+  // the device does not say.
+  static double device_copy_gbs() {
+    int dev = 0;
+    LSTM_CUDA_CHECK(cudaGetDevice(&dev));
+    for (const GpuInfo& g : cuda_devices())
+      if (g.index == dev) return 0.8 * g.memory_bandwidth_gbs;
+    return 0;
   }
 
   void give_up_graphs(GraphCache& gc, const std::string& what, const std::string& why) {
@@ -1330,6 +1335,7 @@ class CudnnBackend final : public CudnnLstmBackend {
   LstmOptions options_;
   int algo_;
   int graphs_;
+  double copy_gbs_ = -1;  // device_copy_gbs() once "auto" first needs it
   cudaStream_t capture_stream_ = nullptr;
   bool settled_fwd_ = true, settled_bwd_ = true;  // see graphs_settled()
   GraphCounts counts_;
@@ -1349,6 +1355,15 @@ class CudnnBackend final : public CudnnLstmBackend {
 
 std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions& options) {
   return std::make_unique<CudnnBackend>(options);
+}
+
+GraphFirstLook cuda_graphs_first_look(double host_us, double gpu_us, size_t staged_bytes, double copy_gbs) {
+  GraphFirstLook r;
+  const double gbs = copy_gbs > 0 ? copy_gbs : 1000.0;
+  r.copy_us = 2.0 * static_cast<double>(staged_bytes) / (gbs * 1e3);  // GB/s = 1e3 bytes per us
+  r.host_bound = host_us >= 0.5 * gpu_us;
+  r.cheap_copy = r.copy_us <= 0.05 * gpu_us;
+  return r;
 }
 
 std::string cudnn_heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths,
