@@ -19,6 +19,8 @@ Checks (each case listed with PASS / FAIL / MISSING; none left out):
            (ours_ms <= 1.05 * torch_ms) with the cuDNN algorithm PyTorch's rule picks for the case
            (bench_gpu_lstm records it as cudnn_heuristic; rows without it: cuDNN standard)
   latency  latency suite, infer, every dtype: ours with cuDNN's best algorithm faster than torch
+A "cuda_graphs" table counts our rows per suite and mode by how they ran cuDNN (replayed, or eager
+and why, from each row's "graph" and "graph_decisions").
 Rows repeated over rounds (LSTM_GPU_ROUNDS of gpu_check.sh): each cell keeps its fastest round,
 for ours and torch alike, with every round's ms in "ms_rounds".
 A missed goal is reported, never an error: the exit status is 0 unless the inputs cannot be read.
@@ -338,6 +340,58 @@ def header_lines(headers):
     return out
 
 
+GRAPH_VERDICTS = ["replayed", "eager: gave up (capture failed or buffers kept changing)",
+                  "eager: the trial's replays were slower",
+                  "eager: no trial (copies too dear, host not the bottleneck)", "eager: graphs off",
+                  "eager: other (e.g. dropout between layers, or undecided)"]
+
+
+def graph_verdict(r):
+    """How one of our rows ran its cuDNN calls under cuda_graphs, from its "graph" and
+    "graph_decisions" (bench_gpu_lstm): replayed, or eager and why. None for rows without graphs."""
+    g = r.get("graph")
+    if not g:
+        return None
+    if g == "replayed":
+        return "replayed"
+    dec = r.get("graph_decisions") or []
+    if any("eager from now on" in d for d in dec):
+        return "eager: gave up (capture failed or buffers kept changing)"
+    if any(d.endswith(": eager") and "replays took" in d for d in dec):
+        return "eager: the trial's replays were slower"
+    if any(d.endswith(": eager") and "eager calls" in d for d in dec):
+        return "eager: no trial (copies too dear, host not the bottleneck)"
+    if r.get("graphs") == "off":
+        return "eager: graphs off"
+    return "eager: other (e.g. dropout between layers, or undecided)"
+
+
+def graph_lines(rows):
+    """A table of our rows per suite and mode by graph_verdict (nothing when no row has one)."""
+    counts = {}
+    for r in rows:
+        if r.get("impl") != "ours" or r.get("kind") != "result" or not is_ok(r):
+            continue
+        v = graph_verdict(r)
+        if v is None:
+            continue
+        counts.setdefault((r["suite"], r["mode"]), {}).setdefault(v, 0)
+        counts[(r["suite"], r["mode"])][v] += 1
+    if not counts:
+        return []
+    verdicts = [v for v in GRAPH_VERDICTS if any(v in c for c in counts.values())]
+    md = ["### cuda_graphs", "",
+          "How our measured rows ran cuDNN's calls (`graph`: the last timed call, its backward in training; "
+          "for an eager row the first reason its cell's `graph_decisions` give, in the order of the columns "
+          "after replayed: a cell's forward and backward decide apart).", "",
+          "| suite | mode | " + " | ".join(verdicts) + " |",
+          "|---|---|" + "---:|" * len(verdicts)]
+    for (suite, mode), c in sorted(counts.items()):
+        md.append(f"| {suite} | {mode} | " + " | ".join(str(c.get(v, 0)) for v in verdicts) + " |")
+    md.append("")
+    return md
+
+
 def markdown(model, checks, headers, ceilings, plots, plot_note):
     md = ["## GPU LSTM benchmarks", ""]
     md += header_lines(headers) or ["- (no header lines in the inputs)"]
@@ -387,6 +441,8 @@ def markdown(model, checks, headers, ceilings, plots, plot_note):
     elif plot_note:
         md.append(f"Plots: none ({plot_note}).")
     md.append("")
+
+    md.extend(graph_lines(model.get("raw_rows", [])))
 
     md.append("### Tables")
     md.append("")
@@ -593,6 +649,7 @@ def main():
     headers, ceilings, rows = read_lines(paths)
     suites_doc = load_suites(args.suites_file)
     model = build(headers, ceilings, rows, suites_doc)
+    model["raw_rows"] = rows
     checks = run_checks(model, headers)
 
     plots, plot_note = [], "no --png-dir"
