@@ -228,8 +228,7 @@ Options parse_args(int argc, char** argv) {
       if (o.graphs != "auto" && o.graphs != "on" && o.graphs != "off")
         usage_error("--graphs accepts auto, on and off, got '" + o.graphs + "'");
     } else if (a == "--cooldown-ms") {
-      o.cooldown_ms = parse_double(a, value());
-      if (o.cooldown_ms < 0) usage_error("--cooldown-ms must be >= 0, got " + std::to_string(o.cooldown_ms));
+      o.cooldown_ms = parse_double(a, value());  // rejects negative numbers
     } else if (a == "-h" || a == "--help") {
       usage_error("help");
     } else {
@@ -982,16 +981,17 @@ class GpuBench {
       auto result_out = [&]() -> const Tensor& { return naive ? nout : out.output; };
       auto result_dx = [&]() -> const Tensor& { return naive ? ndx : grads.d_x; };
 
-      // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. With
-      // CUDA graphs the warm-up goes on until the backend has settled how the cell's calls run
-      // (under "auto" a few measured eager calls, a capture and a few measured replays), at most
-      // kMaxExtraWarmup more calls.
+      // --cooldown-ms: the GPU idles first, as long as the previous cell kept it busy.
       const double cooldown = std::min(opt_.cooldown_ms, busy_ms_);
       if (cooldown > 0) {
         lstm::cuda_synchronize();
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cooldown));
       }
       busy_ms_ = 0;
+      // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. With
+      // CUDA graphs the warm-up goes on until the backend has settled how the cell's calls run
+      // (under "auto" a few measured eager calls, a capture and a few measured replays), at most
+      // kMaxExtraWarmup more calls.
       std::vector<double> wms = time_calls(events_, 0, opt_.warmup, zero_dw, run);
       int warmup = opt_.warmup;
       const auto* cb = dynamic_cast<const lstm::CudnnLstmBackend*>(be.get());
