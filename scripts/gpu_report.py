@@ -340,30 +340,28 @@ def header_lines(headers):
     return out
 
 
-GRAPH_VERDICTS = ["replayed", "eager: gave up (capture failed or buffers kept changing)",
-                  "eager: the trial's replays were slower",
-                  "eager: no trial (copies too dear, host not the bottleneck)", "eager: graphs off",
-                  "eager: other (e.g. dropout between layers, or undecided)"]
+# Each verdict with the test that gives it, in the order they are tried (the columns' order).
+GRAPH_RULES = [
+    ("replayed", lambda r, dec: r.get("graph") == "replayed"),
+    ("eager: gave up (capture failed or buffers kept changing)",
+     lambda r, dec: any("eager from now on" in d for d in dec)),
+    ("eager: the trial's replays were slower",
+     lambda r, dec: any(d.endswith(": eager") and "replays took" in d for d in dec)),
+    ("eager: no trial (copies too dear, host not the bottleneck)",
+     lambda r, dec: any(d.endswith(": eager") and "eager calls" in d for d in dec)),
+    ("eager: graphs off", lambda r, dec: r.get("graphs") == "off"),
+    ("eager: other (e.g. dropout between layers, or undecided)", lambda r, dec: True),
+]
+GRAPH_VERDICTS = [v for v, _ in GRAPH_RULES]
 
 
 def graph_verdict(r):
     """How one of our rows ran its cuDNN calls under cuda_graphs, from its "graph" and
     "graph_decisions" (bench_gpu_lstm): replayed, or eager and why. None for rows without graphs."""
-    g = r.get("graph")
-    if not g:
+    if not r.get("graph"):
         return None
-    if g == "replayed":
-        return "replayed"
     dec = r.get("graph_decisions") or []
-    if any("eager from now on" in d for d in dec):
-        return "eager: gave up (capture failed or buffers kept changing)"
-    if any(d.endswith(": eager") and "replays took" in d for d in dec):
-        return "eager: the trial's replays were slower"
-    if any(d.endswith(": eager") and "eager calls" in d for d in dec):
-        return "eager: no trial (copies too dear, host not the bottleneck)"
-    if r.get("graphs") == "off":
-        return "eager: graphs off"
-    return "eager: other (e.g. dropout between layers, or undecided)"
+    return next(v for v, test in GRAPH_RULES if test(r, dec))
 
 
 def graph_lines(rows):

@@ -140,6 +140,27 @@ struct Pair {
     refill_x(x, rng, len, s, T, B);
     return x;
   }
+  // An input with these lengths, and h0/c0 buffers when with_state (filled by refresh).
+  LstmInput input(const std::vector<int64_t>& lengths, bool with_state) const {
+    LstmInput in;
+    in.lengths = lengths;
+    if (with_state) {
+      const int64_t LD = s.num_layers * s.directions();
+      in.h0 = Tensor::empty({LD, B, s.out_size()}, dt, Device::CUDA);
+      in.c0 = Tensor::empty({LD, B, s.hidden_size}, dt, Device::CUDA);
+    }
+    return in;
+  }
+  // New values for call k: x in x_fixed on even calls and in a new buffer on odd ones (NaN past
+  // each length), h0/c0 (when present) in place.
+  void refresh(LstmInput& in, const Tensor& x_fixed, int k) {
+    in.x = k % 2 == 0 ? x_fixed : Tensor::empty(x_shape(), dt, Device::CUDA);
+    refill_x(in.x, rng, in.lengths, s, T, B);
+    if (in.h0.defined()) {
+      refill(in.h0, rng);
+      refill(in.c0, rng);
+    }
+  }
 };
 
 // The float64 CPU reference of a training step (forward, backward of grad into zeroed gradients).
@@ -206,22 +227,11 @@ TEST(CudnnGraphs, InferenceReplayGivesTheEagerBitsOnFreshInputs) {
       SCOPED_TRACE(c.name + " " + dtype_name(dt));
       Pair pr(c.spec, c.T, c.B, "on", ++seed, c.algo, dt);
       const LstmSpec& s = pr.s;
-      const int64_t LD = s.num_layers * s.directions();
       Tensor x_fixed = pr.new_x();
-      LstmInput in;
-      in.lengths = c.lengths;
-      if (c.h0) {
-        in.h0 = Tensor::empty({LD, c.B, s.out_size()}, dt, Device::CUDA);
-        in.c0 = Tensor::empty({LD, c.B, s.hidden_size}, dt, Device::CUDA);
-      }
+      LstmInput in = pr.input(c.lengths, c.h0);
       for (int call = 0; call < 6; ++call) {
         SCOPED_TRACE("call " + std::to_string(call));
-        in.x = call % 2 == 0 ? x_fixed : Tensor::empty(pr.x_shape(), dt, Device::CUDA);
-        refill_x(in.x, pr.rng, c.lengths, s, c.T, c.B);
-        if (c.h0) {
-          refill(in.h0, pr.rng);
-          refill(in.c0, pr.rng);
-        }
+        pr.refresh(in, x_fixed, call);
         poison_arena(out_shapes(s, c.T, c.B), dt);
         const LstmOutput g = pr.graphed->forward(s, pr.wg, in, false, nullptr, nullptr);
         EXPECT_EQ(info(*pr.graphed).last_graph(), call == 0 ? "eager" : "replayed") << info(*pr.graphed).graph_log();
@@ -267,20 +277,10 @@ TEST(CudnnGraphs, TrainingReplayGivesTheEagerResultsOnFreshInputs) {
       std::vector<Tensor> dwe = make_flat_weights(s, pr.eager->flat_layout(s, dt), dt, Device::CUDA);
       Tensor x_fixed = pr.new_x();
       const Shape yshape = out_shapes(s, c.T, c.B)[0];
-      LstmInput in;
-      in.lengths = c.lengths;
-      if (c.h0) {
-        in.h0 = Tensor::empty({LD, c.B, s.out_size()}, dt, Device::CUDA);
-        in.c0 = Tensor::empty({LD, c.B, s.hidden_size}, dt, Device::CUDA);
-      }
+      LstmInput in = pr.input(c.lengths, c.h0);
       for (int step = 0; step < 7; ++step) {
         SCOPED_TRACE("step " + std::to_string(step));
-        in.x = step % 2 == 0 ? x_fixed : Tensor::empty(pr.x_shape(), dt, Device::CUDA);
-        refill_x(in.x, pr.rng, c.lengths, s, c.T, c.B);
-        if (c.h0) {
-          refill(in.h0, pr.rng);
-          refill(in.c0, pr.rng);
-        }
+        pr.refresh(in, x_fixed, step);
         LstmGradOutput grad;
         if (step != 4) {
           grad.d_output = Tensor::empty(yshape, dt, Device::CUDA);
