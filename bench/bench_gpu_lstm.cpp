@@ -50,7 +50,10 @@
 // fewer than 10 repeats; it can never be the fastest).
 //
 // --cooldown-ms N (default 0): before a cell's warm-up the GPU idles for as long as the previous
-// cell kept it busy (its warm-up and timed calls), at most N ms; the row says "cooldown_ms". The
+// cell kept it busy (its warm-up and timed calls), at most N ms; the row says "cooldown_ms". A
+// cell whose warm-up went on while CUDA graphs settled idles once more (as long as that warm-up
+// kept the GPU busy, at most N ms; "settle_cooldown_ms") and warms up again with --warmup calls
+// before the timed ones, so that they start from the same history as bench_gpu_torch.py's. The
 // H200 caps its clock by a power average over about a second (nvidia-smi's SW power cap): after
 // a GEMM-heavy cell, the next one ran at 1450-1650 MHz instead of 1980, by an amount that hangs on
 // how many calls came before, which differs between benches (bench_gpu_torch.py has the same
@@ -839,7 +842,7 @@ class GpuBench {
     const int64_t x_n = c.T * c.B * c.I, d_n = c.T * c.B * c.D() * c.H;
     const int64_t max_slots = p.numel() / slot;
     LSTM_CHECK(max_slots >= 1, "input pool too small");
-    const int64_t nbuf = std::min<int64_t>(max_slots, opt_.warmup + kMaxExtraWarmup + opt_.repeats + 1);
+    const int64_t nbuf = std::min<int64_t>(max_slots, 2 * opt_.warmup + kMaxExtraWarmup + opt_.repeats + 1);
     int64_t& cur = cursor_[dt];
     auto take = [&](int64_t off, Inputs& in) {
       in.xs.push_back(p.slice0(off, off + x_n).reshape({c.T, c.B, c.I}));
@@ -999,6 +1002,20 @@ class GpuBench {
         wms.push_back(time_calls(events_, warmup, 1, zero_dw, run)[0]);
         ++warmup;
       }
+      // --cooldown-ms: settling took extra calls (bench_gpu_torch.py has none), so the GPU idles
+      // again for as long as the warm-up kept it busy and warms up afresh with --warmup calls;
+      // the timed calls then start from the same history as PyTorch's: an idle GPU and --warmup
+      // calls.
+      double settle_cooldown = 0;
+      if (opt_.cooldown_ms > 0 && warmup > opt_.warmup) {
+        double settle_busy = 0;
+        for (double t : wms) settle_busy += t;
+        settle_cooldown = std::min(opt_.cooldown_ms, settle_busy);
+        lstm::cuda_synchronize();
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(settle_cooldown));
+        for (double t : time_calls(events_, warmup, opt_.warmup, zero_dw, run)) wms.push_back(t);
+        warmup += opt_.warmup;
+      }
       const double probe = wms.back();
       int repeats = opt_.repeats;
       bool capped = false;
@@ -1057,6 +1074,7 @@ class GpuBench {
       row["first_call_ms"] = wms.front();
       row["capped"] = capped;
       row["cooldown_ms"] = cooldown;
+      row["settle_cooldown_ms"] = settle_cooldown;
       row["input_buffers"] = nbuf;
       if (!best_ms_.count(best_key) || med < best_ms_[best_key]) best_ms_[best_key] = med;
 
