@@ -58,6 +58,14 @@
 // a GEMM-heavy cell, the next one ran at 1450-1650 MHz instead of 1980, by an amount that hangs on
 // how many calls came before, which differs between benches (bench_gpu_torch.py has the same
 // option; docs/PERFORMANCE.md, 2026-12-01 third session).
+//
+// --pad-mib N (default 0): N MiB of device memory taken before anything else and held for the
+// run, so that every later buffer (weights, workspaces, outputs, inputs) lands elsewhere in
+// device memory: to tell whether a cell's time hangs on where its buffers are.
+// --l2-whh: each cell sets an L2 persisting access window on the engine stream over layer 0's
+// weight_hh (as much of the L2 as the device lets persist; hit ratio = that / the window) and
+// clears it after: to tell whether that placement dependence is the recurrent weights' L2 hits.
+// Needs a stream of our own (LSTM_CUDA_STREAM=own); the row says "l2_window".
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -132,6 +140,8 @@ struct Options {
   std::string out;
   std::string graphs = "auto";  // LstmOptions::cuda_graphs of every cell through our backend
   double cooldown_ms = 0;       // idle before a cell, up to the previous cell's busy time
+  int64_t pad_mib = 0;          // device memory held from the start, to move every later buffer
+  bool l2_whh = false;          // an L2 persisting window over layer 0's weight_hh (an experiment)
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -141,7 +151,7 @@ struct Options {
             << "         [--warmup N>=1] [--out FILE] [--quick] [--cases-per-suite N] [--check]\n"
             << "         [--check-suite NAME]... [--check-max-gflop G] [--budget-s S] [--max-cell-s S]\n"
             << "         [--no-ceilings] [--gemm-size N] [--copy-mib N] [--case ID]... [--list]\n"
-            << "         [--graphs auto|on|off] [--cooldown-ms N]\n"
+            << "         [--graphs auto|on|off] [--cooldown-ms N] [--pad-mib N] [--l2-whh]\n"
             << "  --algos: comma list of cudnn (all four cuDNN algorithms), cudnn:standard,\n"
             << "           cudnn:persist_static, cudnn:persist_dynamic, cudnn:persist_static_small_h,\n"
             << "           naive (only on --naive-suite suites, default paper), or an LSTM algo name\n";
@@ -232,6 +242,10 @@ Options parse_args(int argc, char** argv) {
         usage_error("--graphs accepts auto, on and off, got '" + o.graphs + "'");
     } else if (a == "--cooldown-ms") {
       o.cooldown_ms = parse_double(a, value());  // rejects negative numbers
+    } else if (a == "--l2-whh") {
+      o.l2_whh = true;
+    } else if (a == "--pad-mib") {
+      o.pad_mib = parse_int(a, value(), 0);
     } else if (a == "-h" || a == "--help") {
       usage_error("help");
     } else {
@@ -594,6 +608,41 @@ std::vector<double> time_calls(Events& ev, int first, int count, const std::func
   return ms;
 }
 
+// --l2-whh: an L2 persisting access window on the engine stream for the life of the object.
+class L2Window {
+ public:
+  L2Window() = default;
+  L2Window(const L2Window&) = delete;
+  L2Window& operator=(const L2Window&) = delete;
+  // What was set, as a JSON object (bytes persisting, window bytes, hit ratio).
+  json set(const void* p, size_t bytes) {
+    const cudaDeviceProp& prop = lstm::cuda::device_prop();
+    const size_t carve = std::min<size_t>(static_cast<size_t>(prop.persistingL2CacheMaxSize), bytes);
+    const size_t win = std::min<size_t>(static_cast<size_t>(prop.accessPolicyMaxWindowSize), bytes);
+    LSTM_CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, carve));
+    cudaStreamAttrValue v{};
+    v.accessPolicyWindow.base_ptr = const_cast<void*>(p);
+    v.accessPolicyWindow.num_bytes = win;
+    v.accessPolicyWindow.hitRatio = win ? std::min(1.0f, static_cast<float>(carve) / static_cast<float>(win)) : 0.0f;
+    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    LSTM_CUDA_CHECK(cudaStreamSetAttribute(lstm::cuda::stream(), cudaStreamAttributeAccessPolicyWindow, &v));
+    set_ = true;
+    return json{{"persisting_bytes", carve}, {"window_bytes", win}, {"hit_ratio", v.accessPolicyWindow.hitRatio}};
+  }
+  ~L2Window() {
+    if (!set_) return;
+    cudaStreamAttrValue v{};
+    v.accessPolicyWindow.num_bytes = 0;
+    (void)cudaStreamSetAttribute(lstm::cuda::stream(), cudaStreamAttributeAccessPolicyWindow, &v);
+    (void)cudaCtxResetPersistingL2Cache();
+    (void)cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
+  }
+
+ private:
+  bool set_ = false;
+};
+
 uint64_t seed_of(size_t a, size_t b, size_t c = 0) {
   return 0x5eedULL + 1000003ULL * a + 7919ULL * b + 104729ULL * c;
 }
@@ -636,6 +685,7 @@ class GpuBench {
     h["cuda_graphs"] = opt_.graphs;
     h["max_cell_s"] = opt_.max_cell_s;
     h["cooldown_ms"] = opt_.cooldown_ms;
+    h["pad_mib"] = opt_.pad_mib;
     h["budget_s"] = opt_.budget_s;
     h["quick"] = opt_.quick;
     h["cells"] = plan_.cells.size();
@@ -944,6 +994,11 @@ class GpuBench {
         lstm::bench::fill_uniform(w[i].raw(), ds.dtype, w[i].numel(), -k, k, seed_of(cell.c, i));
       std::vector<Tensor> dw;
       if (train) dw = lstm::make_flat_weights(spec, layout, ds.dtype, Device::CUDA);
+      L2Window l2win;
+      if (opt_.l2_whh) {
+        const Tensor& whh = w[static_cast<size_t>(spec.slots(0, 0).w_hh)];
+        row["l2_window"] = l2win.set(whh.raw(), whh.nbytes());
+      }
       auto zero_dw = [&](int) {
         if (!train) return;
         if (!layout.offsets.empty())
@@ -1172,6 +1227,8 @@ int main(int argc, char** argv) {
       return 0;
     }
 #if LSTM_HAVE_CUDA
+    // --pad-mib: held for the whole run, so every buffer after it lands elsewhere in memory.
+    const Tensor pad = opt.pad_mib > 0 ? Tensor::empty({opt.pad_mib << 20}, DType::U8, Device::CUDA) : Tensor();
     GpuBench bench(opt, plan, out);
     json h = bench.header(argc, argv);
     write_line(out, h);

@@ -28,11 +28,14 @@ graphing nn.LSTM by hand, to set beside our cuda_graphs.
 --cooldown-ms N: before a cell's warm-up the GPU idles as long as the previous cell kept it busy,
 at most N ms (bench_gpu_lstm has the same option and says why); the row says "cooldown_ms".
 
+--pad-mib N: N MiB of device memory taken first and held for the run, so that every later buffer
+lands elsewhere in device memory (bench_gpu_lstm has the same option and says why).
+
 Exits 0 with a note (and a header line with "error") when torch or a CUDA GPU is missing.
 
   python3 scripts/bench_gpu_torch.py --out torch.jsonl [--suite NAME]... [--dtype D]...
           [--mode infer|train]... [--repeats N] [--warmup N] [--quick] [--budget-s S] [--case ID]... [--list]
-          [--graphs]
+          [--graphs] [--cooldown-ms N] [--pad-mib N]
 """
 import argparse
 import datetime
@@ -141,6 +144,8 @@ def main():
     ap.add_argument("--cooldown-ms", type=float, default=0.0,
                     help="idle before a cell's warm-up for as long as the previous cell kept the GPU busy, "
                          "at most this many ms (as bench_gpu_lstm --cooldown-ms); 0: never")
+    ap.add_argument("--pad-mib", type=int, default=0,
+                    help="device memory held from the start, so every later buffer lands elsewhere")
     ap.add_argument("--graphs", action="store_true",
                     help="inference cells only, replayed from a CUDA graph (algo torch_graph)")
     args = ap.parse_args()
@@ -150,6 +155,8 @@ def main():
         ap.error("--repeats must be >= 10 and --warmup >= 1")
     if args.cooldown_ms < 0:
         ap.error(f"--cooldown-ms must be >= 0, got {args.cooldown_ms}")
+    if args.pad_mib < 0:
+        ap.error(f"--pad-mib must be >= 0, got {args.pad_mib}")
 
     if args.graphs:
         args.mode = ["infer"]
@@ -183,6 +190,7 @@ def main():
         return 0
 
     dev = torch.device("cuda")
+    pad = torch.empty(args.pad_mib << 20, dtype=torch.uint8, device=dev) if args.pad_mib > 0 else None  # noqa: F841
     props = torch.cuda.get_device_properties(0)
     l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
     header = {"kind": "header", "impl": "torch", "date": date, "gpu": torch.cuda.get_device_name(0),
@@ -195,7 +203,8 @@ def main():
               "git_commit": os.environ.get("LSTM_CHECK_GIT_COMMIT") or None,
               "suites_file": args.suites_file, "suites": suites, "dtypes": dtypes, "modes": modes,
               "repeats": repeats, "warmup": warmup, "budget_s": args.budget_s, "quick": args.quick,
-              "graphs": args.graphs, "cooldown_ms": args.cooldown_ms, "cells": len(cells)}
+              "graphs": args.graphs, "cooldown_ms": args.cooldown_ms, "pad_mib": args.pad_mib,
+              "cells": len(cells)}
     emit(header)
     print(f"bench_gpu_torch: {header['gpu']}; {header['versions']}; {len(cases)} cases, {len(cells)} cells; "
           f"warm-up {warmup}, median of {repeats}")
