@@ -48,6 +48,9 @@
 #   LSTM_GPU_REPEATS (10), LSTM_GPU_WARMUP (2)           per cell, both benches
 #   LSTM_GPU_ROUNDS (1)       rounds of (ours, torch), alternating; the report keeps each cell's
 #                             fastest round on both sides (bench/gpu_*_rN.jsonl for rounds >= 2)
+#   LSTM_GPU_FIRST_ROUND (1)  number of the first round: rounds split over several runs (a device
+#                             call's time limit) keep their own pads and file names; merge their
+#                             bench/*.jsonl with gpu_report.py (ceilings and checks: round 1 only)
 #   LSTM_GPU_PAD_STEP_MIB (6) round N runs both benches with --pad-mib (N-1) x this: each round's
 #                             buffers land elsewhere in device memory, where the same cuDNN call
 #                             ran up to 17% apart (docs/PERFORMANCE.md, 2026-12-01 fourth session)
@@ -292,16 +295,18 @@ section_gpu_bench() {
   [[ -n "${LSTM_GPU_TORCH_ARGS:-}" ]] && read -r -a torch_extra <<<"$LSTM_GPU_TORCH_ARGS"
   for s in ${LSTM_GPU_CHECK_SUITES-paper}; do checks+=(--check-suite "$s"); done
 
-  local ins=() torch_ok=0 gpu_note="" rounds=${LSTM_GPU_ROUNDS:-1} round sfx hard pad_step=${LSTM_GPU_PAD_STEP_MIB:-6} pad
+  local ins=() torch_ok=0 gpu_note="" rounds=${LSTM_GPU_ROUNDS:-1} first=${LSTM_GPU_FIRST_ROUND:-1} round sfx hard pad_step=${LSTM_GPU_PAD_STEP_MIB:-6} pad
   if have_python && "$PYTHON" -c "import torch" >/dev/null 2>&1; then torch_ok=1; fi
   [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { NOTE="LSTM_GPU_ROUNDS must be a positive integer, got '$rounds'"; log "$NOTE"; return 1; }
+  [[ "$first" =~ ^[1-9][0-9]*$ ]] || { NOTE="LSTM_GPU_FIRST_ROUND must be a positive integer, got '$first'"; log "$NOTE"; return 1; }
   [[ "$pad_step" =~ ^[0-9]+$ ]] || { NOTE="LSTM_GPU_PAD_STEP_MIB must be a whole number of MiB, got '$pad_step'"; log "$NOTE"; return 1; }
   # Rounds alternate ours and torch, so that a slow spell of the machine (clocks, host jitter in
   # launch-bound cases) reaches both sides alike; the report keeps each cell's fastest round.
-  for (( round = 1; round <= rounds; round++ )); do
+  local last=$(( first + rounds - 1 ))
+  for (( round = first; round <= last; round++ )); do
     sfx=""; (( round > 1 )) && sfx="_r$round"
     pad=$(( (round - 1) * pad_step ))
-    log "bench_gpu_lstm round $round/$rounds (cells budget ${ours_budget}s, --pad-mib $pad)"
+    log "bench_gpu_lstm round $round/$last (cells budget ${ours_budget}s, --pad-mib $pad)"
     # The hard limit leaves room for the ceilings, the CPU reference checks and the last cell.
     hard=$(( ${ours_budget%.*} > 0 ? ${ours_budget%.*} + 120 : 0 ))  # timeout 0: no limit
     local round_args=("${checks[@]}")
@@ -325,7 +330,7 @@ section_gpu_bench() {
     ins+=(--in "$OUT/bench/gpu_ours$sfx.jsonl")
 
     if (( torch_ok )); then
-      log "bench_gpu_torch.py round $round/$rounds (cells budget ${torch_budget}s, --pad-mib $pad)"
+      log "bench_gpu_torch.py round $round/$last (cells budget ${torch_budget}s, --pad-mib $pad)"
       hard=$(( ${torch_budget%.*} > 0 ? ${torch_budget%.*} + 90 : 0 ))
       PYTHONUNBUFFERED=1 timeout "$hard" "$PYTHON" "$SCRIPT_DIR/bench_gpu_torch.py" \
         "${common[@]}" "${cell[@]}" --budget-s "$torch_budget" --pad-mib "$pad" "${torch_extra[@]}" \
@@ -337,7 +342,7 @@ section_gpu_bench() {
         log "bench_gpu_torch.py exited $r (logs/gpu_torch$sfx.log)"
       fi
       ins+=(--in "$OUT/bench/gpu_torch$sfx.jsonl")
-    elif (( round == 1 )); then
+    elif (( round == first )); then
       log "torch is not importable by $PYTHON: no same-run PyTorch comparison"
     fi
   done
