@@ -61,7 +61,11 @@
 //
 // --pad-mib N (default 0): N MiB of device memory taken before anything else and held for the
 // run, so that every later buffer (weights, workspaces, outputs, inputs) lands elsewhere in
-// device memory: to tell whether a cell's time hangs on where its buffers are.
+// device memory: to tell whether a cell's time hangs on where its buffers are. --pad-weights-mib
+// N holds N MiB in each cell just before its weights are made (so the weights, workspaces and
+// outputs move, the rotating inputs do not), --pad-work-mib N just after (only what the backend
+// allocates at its first calls moves: workspaces, outputs, graph buffers): with --pad-mib, they
+// tell which buffers the time hangs on. The header says all three.
 // --l2-whh: each cell sets an L2 persisting access window on the engine stream over layer 0's
 // weight_hh (as much of the L2 as the device lets persist; hit ratio = that / the window) and
 // clears it after: to tell whether that placement dependence is the recurrent weights' L2 hits.
@@ -141,6 +145,8 @@ struct Options {
   std::string graphs = "auto";  // LstmOptions::cuda_graphs of every cell through our backend
   double cooldown_ms = 0;       // idle before a cell, up to the previous cell's busy time
   int64_t pad_mib = 0;          // device memory held from the start, to move every later buffer
+  int64_t pad_weights_mib = 0;  // held in each cell before its weights (moves weights and work buffers)
+  int64_t pad_work_mib = 0;     // held in each cell after its weights (moves workspaces and outputs)
   bool l2_whh = false;          // an L2 persisting window over layer 0's weight_hh (an experiment)
 };
 
@@ -151,7 +157,8 @@ struct Options {
             << "         [--warmup N>=1] [--out FILE] [--quick] [--cases-per-suite N] [--check]\n"
             << "         [--check-suite NAME]... [--check-max-gflop G] [--budget-s S] [--max-cell-s S]\n"
             << "         [--no-ceilings] [--gemm-size N] [--copy-mib N] [--case ID]... [--list]\n"
-            << "         [--graphs auto|on|off] [--cooldown-ms N] [--pad-mib N] [--l2-whh]\n"
+            << "         [--graphs auto|on|off] [--cooldown-ms N] [--pad-mib N] [--pad-weights-mib N]\n"
+            << "         [--pad-work-mib N] [--l2-whh]\n"
             << "  --algos: comma list of cudnn (all four cuDNN algorithms), cudnn:standard,\n"
             << "           cudnn:persist_static, cudnn:persist_dynamic, cudnn:persist_static_small_h,\n"
             << "           naive (only on --naive-suite suites, default paper), or an LSTM algo name\n";
@@ -246,6 +253,10 @@ Options parse_args(int argc, char** argv) {
       o.l2_whh = true;
     } else if (a == "--pad-mib") {
       o.pad_mib = parse_int(a, value(), 0);
+    } else if (a == "--pad-weights-mib") {
+      o.pad_weights_mib = parse_int(a, value(), 0);
+    } else if (a == "--pad-work-mib") {
+      o.pad_work_mib = parse_int(a, value(), 0);
     } else if (a == "-h" || a == "--help") {
       usage_error("help");
     } else {
@@ -686,6 +697,8 @@ class GpuBench {
     h["max_cell_s"] = opt_.max_cell_s;
     h["cooldown_ms"] = opt_.cooldown_ms;
     h["pad_mib"] = opt_.pad_mib;
+    h["pad_weights_mib"] = opt_.pad_weights_mib;
+    h["pad_work_mib"] = opt_.pad_work_mib;
     h["budget_s"] = opt_.budget_s;
     h["quick"] = opt_.quick;
     h["cells"] = plan_.cells.size();
@@ -985,7 +998,13 @@ class GpuBench {
         row["rejected"] = true;  // the algorithm refused the case up front (not a failure while running)
         throw;
       }
+      const Tensor pad_w = opt_.pad_weights_mib > 0
+                               ? Tensor::empty({opt_.pad_weights_mib << 20}, DType::U8, Device::CUDA)
+                               : Tensor();
       std::vector<Tensor> w = lstm::make_flat_weights(spec, layout, ds.dtype, Device::CUDA);
+      const Tensor pad_work = opt_.pad_work_mib > 0
+                                  ? Tensor::empty({opt_.pad_work_mib << 20}, DType::U8, Device::CUDA)
+                                  : Tensor();
       const float k = 1.0f / std::sqrt(static_cast<float>(c.H));
       if (!layout.offsets.empty())  // the gaps of the flat buffer too, so nothing is uninitialised
         lstm::bench::fill_uniform(static_cast<char*>(w[0].raw()) - layout.offsets[0], ds.dtype,
