@@ -245,8 +245,11 @@ Options parse_args(int argc, char** argv) {
       o.list = true;
     } else if (a == "--graphs") {
       o.graphs = value();
-      if (o.graphs != "auto" && o.graphs != "on" && o.graphs != "off")
-        usage_error("--graphs accepts auto, on and off, got '" + o.graphs + "'");
+      try {
+        lstm::check_cuda_graphs(o.graphs, "--graphs");
+      } catch (const std::exception& e) {
+        usage_error(e.what());
+      }
     } else if (a == "--cooldown-ms") {
       o.cooldown_ms = parse_double(a, value());  // rejects negative numbers
     } else if (a == "--l2-whh") {
@@ -654,6 +657,16 @@ class L2Window {
   bool set_ = false;
 };
 
+// --pad-mib and the per-cell pads: N MiB of device memory, held while the tensor lives.
+Tensor held_mib(int64_t mib) { return mib > 0 ? Tensor::empty({mib << 20}, DType::U8, Device::CUDA) : Tensor(); }
+
+// --cooldown-ms: the GPU idles for `ms` (after finishing what is queued).
+void idle_gpu(double ms) {
+  if (ms <= 0) return;
+  lstm::cuda_synchronize();
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+}
+
 uint64_t seed_of(size_t a, size_t b, size_t c = 0) {
   return 0x5eedULL + 1000003ULL * a + 7919ULL * b + 104729ULL * c;
 }
@@ -998,13 +1011,9 @@ class GpuBench {
         row["rejected"] = true;  // the algorithm refused the case up front (not a failure while running)
         throw;
       }
-      const Tensor pad_w = opt_.pad_weights_mib > 0
-                               ? Tensor::empty({opt_.pad_weights_mib << 20}, DType::U8, Device::CUDA)
-                               : Tensor();
+      const Tensor pad_w = held_mib(opt_.pad_weights_mib);
       std::vector<Tensor> w = lstm::make_flat_weights(spec, layout, ds.dtype, Device::CUDA);
-      const Tensor pad_work = opt_.pad_work_mib > 0
-                                  ? Tensor::empty({opt_.pad_work_mib << 20}, DType::U8, Device::CUDA)
-                                  : Tensor();
+      const Tensor pad_work = held_mib(opt_.pad_work_mib);
       const float k = 1.0f / std::sqrt(static_cast<float>(c.H));
       if (!layout.offsets.empty())  // the gaps of the flat buffer too, so nothing is uninitialised
         lstm::bench::fill_uniform(static_cast<char*>(w[0].raw()) - layout.offsets[0], ds.dtype,
@@ -1060,10 +1069,7 @@ class GpuBench {
 
       // --cooldown-ms: the GPU idles first, as long as the previous cell kept it busy.
       const double cooldown = std::min(opt_.cooldown_ms, busy_ms_);
-      if (cooldown > 0) {
-        lstm::cuda_synchronize();
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(cooldown));
-      }
+      idle_gpu(cooldown);
       busy_ms_ = 0;
       // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. With
       // CUDA graphs the warm-up goes on until the backend has settled how the cell's calls run
@@ -1085,8 +1091,7 @@ class GpuBench {
         double settle_busy = 0;
         for (double t : wms) settle_busy += t;
         settle_cooldown = std::min(opt_.cooldown_ms, settle_busy);
-        lstm::cuda_synchronize();
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(settle_cooldown));
+        idle_gpu(settle_cooldown);
         for (double t : time_calls(events_, warmup, opt_.warmup, zero_dw, run)) wms.push_back(t);
         warmup += opt_.warmup;
       }
@@ -1247,7 +1252,7 @@ int main(int argc, char** argv) {
     }
 #if LSTM_HAVE_CUDA
     // --pad-mib: held for the whole run, so every buffer after it lands elsewhere in memory.
-    const Tensor pad = opt.pad_mib > 0 ? Tensor::empty({opt.pad_mib << 20}, DType::U8, Device::CUDA) : Tensor();
+    const Tensor pad = held_mib(opt.pad_mib);
     GpuBench bench(opt, plan, out);
     json h = bench.header(argc, argv);
     write_line(out, h);

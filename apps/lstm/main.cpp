@@ -48,8 +48,7 @@ Placement make_placement(const std::string& device, const std::string& precision
   p.precision = precision_from_name(precision);
   p.lstm.algo = algo_from_name(algo);
   p.lstm.cudnn_algo = cudnn_algo;
-  LSTM_REQUIRE(cuda_graphs == "auto" || cuda_graphs == "on" || cuda_graphs == "off",
-               "--cuda-graphs: expected auto, on or off, got '" << cuda_graphs << "'");
+  check_cuda_graphs(cuda_graphs, "--cuda-graphs");
   p.lstm.cuda_graphs = cuda_graphs;
   p.lstm.allow_tf32 = p.precision == Precision::TF32;
   return p;

@@ -161,6 +161,8 @@ struct LstmOptions {
   // so do training calls with dropout between layers (cuDNN's dropout state lives in cuDNN).
   std::string cuda_graphs = "auto";
 };
+// Throws "<what>: expected auto, on or off, got '<value>'" unless value is a cuda_graphs setting.
+void check_cuda_graphs(const std::string& value, const std::string& what);
 
 // A new backend instance (owning its descriptors, plans and workspaces) for spec/dtype/device.
 // Throws with the reason when the chosen algorithm does not support the case, e.g. a cuDNN

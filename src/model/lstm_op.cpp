@@ -260,10 +260,14 @@ class ReferenceHandle final : public LstmBackend {
 };
 }  // namespace
 
+void check_cuda_graphs(const std::string& value, const std::string& what) {
+  LSTM_REQUIRE(value == "auto" || value == "on" || value == "off",
+               what << ": expected auto, on or off, got '" << value << "'");
+}
+
 std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
                                                Device device) {
-  LSTM_REQUIRE(options.cuda_graphs == "auto" || options.cuda_graphs == "on" || options.cuda_graphs == "off",
-               "LstmOptions::cuda_graphs: expected auto, on or off, got '" << options.cuda_graphs << "'");
+  check_cuda_graphs(options.cuda_graphs, "LstmOptions::cuda_graphs");
   Algo algo = options.algo;
   if (algo == Algo::Auto) algo = device == Device::CPU ? Algo::Reference : Algo::Cudnn;
   std::unique_ptr<LstmBackend> be;
