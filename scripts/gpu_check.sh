@@ -402,6 +402,26 @@ if [ -z "${LSTM_CHECK_GIT_COMMIT:-}" ] && [ -f "$REPO_DIR/gpu-stage/source_commi
   LSTM_CHECK_GIT_COMMIT=$(cat "$REPO_DIR/gpu-stage/source_commit")
 fi
 export LSTM_CHECK_GIT_COMMIT=${LSTM_CHECK_GIT_COMMIT:-$(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || true)}
+# The machine as the driver reports it (the benches record only the CUDA driver API version):
+# the driver's full version, clocks and power limit, for the report's header.
+write_machine() {
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  local q
+  q=$(nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,power.limit \
+        --format=csv 2>/dev/null) || return 0
+  nvidia-smi >"$OUT/logs/nvidia-smi.txt" 2>&1 || true
+  {
+    echo "## Machine"
+    echo
+    echo "nvidia-smi at $(date -u +%Y-%m-%dT%H:%M:%SZ):"
+    echo
+    echo '```'
+    echo "$q"
+    echo '```'
+    echo
+  } >"$OUT/report.d/05_machine.md"
+}
+write_machine
 for s in ${LSTM_CHECK_SECTIONS:-tests interop cpu_bench gpu_bench}; do
   run_section "$s"
 done
