@@ -90,10 +90,8 @@ int algo_from_option(const std::string& name) {
 enum GraphMode : int { kGraphsAuto = 0, kGraphsOn = 1, kGraphsOff = 2 };
 
 int graph_mode_from_option(const std::string& name) {
-  if (name == "auto") return kGraphsAuto;
-  if (name == "on") return kGraphsOn;
-  if (name == "off") return kGraphsOff;
-  LSTM_THROW("unknown cuda_graphs '" << name << "': expected one of auto, on, off");
+  check_cuda_graphs(name, "LstmOptions::cuda_graphs");  // the one list of accepted settings
+  return name == "auto" ? kGraphsAuto : name == "on" ? kGraphsOn : kGraphsOff;
 }
 
 // Owning handles (destroying an executable graph that is still running frees it when it ends;
