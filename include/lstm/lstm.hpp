@@ -13,6 +13,7 @@
 // their gradient is zero. Gate order is i, f, g, o as in PyTorch.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,9 +24,46 @@
 
 namespace lstm {
 
-enum class Algo { Reference, Cudnn, Fused, Persistent, Auto };
-const char* algo_name(Algo a);  // "reference", "cudnn", "fused", "persistent", "auto"
+// Which implementation runs an LSTM. Reference: the CPU (f64/f32) function every other backend
+// is tested against. Naive: the per-gate GPU baseline of Appleyard et al. (2016), for
+// comparison only. Cudnn: cuDNN's RNN API (LstmOptions::cudnn_algo picks cuDNN's algorithm).
+// Fused: our own kernels. Persistent: our persistent kernels (not built yet). Auto: the fastest
+// backend that supports the case, by measurement (see make_lstm_backend).
+enum class Algo { Reference, Naive, Cudnn, Fused, Persistent, Auto };
+const char* algo_name(Algo a);  // "reference", "naive", "cudnn", "fused", "persistent", "auto"
 Algo algo_from_name(const std::string& name);  // throws naming the accepted names
+
+// cuDNN's own algorithm for Algo::Cudnn.
+//   Heuristic: PyTorch nn.LSTM's rule (cudnn_heuristic_algo), nothing timed; the default.
+//   Standard, PersistStatic, PersistDynamic, PersistStaticSmallH: that cuDNN algorithm.
+//   Auto: each cuDNN algorithm that accepts a shape is timed once on its first use (like
+//   torch.backends.cudnn.benchmark) and the fastest is kept.
+enum class CudnnAlgo { Heuristic, Standard, PersistStatic, PersistDynamic, PersistStaticSmallH, Auto };
+// "heuristic", "standard", "persist_static", "persist_dynamic", "persist_static_small_h", "auto".
+const char* cudnn_algo_name(CudnnAlgo a);
+// Throws "<what>: expected one of heuristic, standard, ..., got '<name>'".
+CudnnAlgo cudnn_algo_from_name(const std::string& name, const std::string& what = "cudnn_algo");
+
+// Whether a backend replays its per-call GPU work as CUDA graphs (see LstmOptions::cuda_graphs).
+enum class GraphMode { Auto, On, Off };
+const char* graph_mode_name(GraphMode m);  // "auto", "on", "off"
+// Throws "<what>: expected auto, on or off, got '<name>'".
+GraphMode graph_mode_from_name(const std::string& name, const std::string& what = "cuda_graphs");
+
+// Where a forward or backward runs. On a GPU: the device and the stream the call's work is
+// issued on, in stream order after what the caller issued before. A backend may fork work onto
+// streams of its own; it joins them back onto this stream (events) before it returns, so the
+// results are ready in stream order and buffers it hands back may be used on this stream at once.
+// The header is CUDA-free: `stream` is a cudaStream_t (nullptr: the legacy default stream).
+struct ExecContext {
+  Device device = Device::CPU;
+  int device_index = 0;    // the CUDA device ordinal
+  void* stream = nullptr;  // cudaStream_t
+  static ExecContext cpu() { return {}; }
+  // The calling host thread's engine stream on the current CUDA device (see lstm/device.hpp), or
+  // cpu() for Device::CPU. Throws when `device` is CUDA and no GPU is usable.
+  static ExecContext current(Device device);
+};
 
 struct LstmSpec {
   int64_t input_size = 0;
@@ -82,26 +120,37 @@ class LstmSaved {
   virtual ~LstmSaved() = default;
 };
 
+// One implementation of the LSTM op, made for one spec, compute dtype and device
+// (make_lstm_backend). Per (batch, steps) it plans once (validated shapes, descriptors, buffers,
+// captured graphs) and reuses the plan, so a call with a planned shape parses, formats and
+// allocates nothing of its own. Not thread-safe: one instance per thread.
 class LstmBackend {
  public:
+  LstmBackend(const LstmSpec& spec, DType dtype, Device device) : spec_(spec), dtype_(dtype), device_(device) {}
   virtual ~LstmBackend() = default;
+  LstmBackend(const LstmBackend&) = delete;
+  LstmBackend& operator=(const LstmBackend&) = delete;
+
+  const LstmSpec& spec() const { return spec_; }
+  DType dtype() const { return dtype_; }  // of x, weights, outputs and gradients
+  Device device() const { return device_; }
   virtual Algo algo() const = 0;
-  // "" when this backend computes `spec` in `dtype` on `device`; otherwise why not.
-  virtual std::string unsupported_reason(const LstmSpec& spec, DType dtype, Device device) const = 0;
-  // weights: aligned with spec.param_names(), each of spec.param_shape(name), dtype of x.
-  // saved == nullptr: inference, nothing is kept. Dropout (training && spec.dropout > 0) draws
-  // from rng. Throws lstm::Error on bad shapes or lengths.
-  virtual LstmOutput forward(const LstmSpec& spec, const std::vector<Tensor>& weights,
-                             const LstmInput& in, bool training, Rng* rng,
-                             std::unique_ptr<LstmSaved>* saved) = 0;
-  // Adds the weight gradients into d_weights (aligned with weights, same shapes) and returns
-  // the gradients with respect to x, h0 and c0.
-  virtual LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& weights,
-                             const LstmSaved& saved, const LstmGradOutput& grad,
-                             std::vector<Tensor>& d_weights) = 0;
+  // The registry row this instance came from, e.g. "reference", "cudnn:persist_static", "fused".
+  virtual std::string name() const = 0;
+
+  // weights: aligned with spec().param_names(), each of spec().param_shape(name), dtype(), on
+  // device(). saved == nullptr: inference, nothing is kept. Dropout (training && spec().dropout >
+  // 0) draws from rng. Work is issued on ctx (device() must be ctx.device). Throws lstm::Error on
+  // bad shapes, dtypes, devices or lengths, naming what was expected and what was given.
+  virtual LstmOutput forward(const std::vector<Tensor>& weights, const LstmInput& in, bool training, Rng* rng,
+                             std::unique_ptr<LstmSaved>* saved, const ExecContext& ctx) = 0;
+  // Adds the weight gradients into d_weights (aligned with weights, same shapes and dtype) and
+  // returns the gradients with respect to x, h0 and c0. Once per training forward.
+  virtual LstmGrads backward(const std::vector<Tensor>& weights, const LstmSaved& saved, const LstmGradOutput& grad,
+                             std::vector<Tensor>& d_weights, const ExecContext& ctx) = 0;
 
   // Where the backend wants the weights: one flat buffer of `bytes` holding each tensor of
-  // spec.param_names() at offsets[i] (bytes, in `dtype`). When forward/backward get weights (or
+  // spec().param_names() at offsets[i] (bytes, in `dtype`). When forward/backward get weights (or
   // d_weights) that are views into one such buffer at exactly these offsets, they are used in
   // place (cuDNN's weight space, like PyTorch's flatten_parameters); otherwise they are copied
   // in. Empty offsets: the backend has no flat layout (it reads the tensors where they are).
@@ -109,11 +158,36 @@ class LstmBackend {
     size_t bytes = 0;
     std::vector<size_t> offsets;
   };
-  virtual FlatLayout flat_layout(const LstmSpec& spec, DType dtype) const {
-    (void)spec;
+  virtual FlatLayout flat_layout(DType dtype) const {
     (void)dtype;
     return {};
   }
+
+  // What the backend says about its runs (benchmarks, `lstm info`, tests), backend-neutral:
+  // how the last forward or backward ran, e.g. "cudnn:persist_static, replayed" ("" before any).
+  virtual std::string last_run() const { return ""; }
+  // One line per decision made by measurement so far (Algo::Auto's timings and pick, cuDNN's
+  // "auto" algorithm choice, CUDA-graph decisions).
+  virtual std::string log() const { return ""; }
+  // Whether the decisions for the shapes of the last forward and backward are made, so that the
+  // same calls keep running as they run now (benchmarks warm up until it holds).
+  virtual bool settled() const { return true; }
+  // CUDA graphs captured and replays of captured graphs so far, over every shape.
+  struct GraphCounts {
+    int64_t captures = 0, replays = 0;
+  };
+  virtual GraphCounts graph_counts() const { return {}; }
+
+ protected:
+  // Checks in/weights against spec() and dtype()/device() (check_lstm_input plus dtype and
+  // device) and ctx against device(). Returns (T, B).
+  std::pair<int64_t, int64_t> check_call(const LstmInput& in, const std::vector<Tensor>& weights,
+                                         const ExecContext& ctx) const;
+
+ private:
+  LstmSpec spec_;
+  DType dtype_;
+  Device device_;
 };
 
 // Tensors of spec.param_names() as views into one new buffer laid out as `layout` (on `device`,
@@ -121,58 +195,71 @@ class LstmBackend {
 std::vector<Tensor> make_flat_weights(const LstmSpec& spec, const LstmBackend::FlatLayout& layout, DType dtype,
                                       Device device);
 
-// The backend for `algo` (Auto: the fastest one that supports the case). Throws with the
-// reason when the chosen algo does not support spec/dtype/device. Returns a process-wide
-// instance: only for stateless backends (the CPU reference); GPU backends keep descriptors and
-// workspaces per instance, so use make_lstm_backend for them.
-LstmBackend& lstm_backend(Algo algo, const LstmSpec& spec, DType dtype, Device device);
-
 // How an LSTM runs on a device.
 struct LstmOptions {
-  // Auto: reference on the CPU; on the GPU the fastest built-in backend that supports the case.
+  // Auto: the reference on the CPU; on a GPU the fastest registered backend for the case, by
+  // measurement (see make_lstm_backend).
   Algo algo = Algo::Auto;
-  // For Algo::Cudnn: cuDNN's own algorithm, "standard", "persist_static", "persist_dynamic",
-  // "persist_static_small_h", "auto" (each algorithm that accepts the shape is timed once per
-  // shape and mode on first use, like torch.backends.cudnn.benchmark, and the fastest is kept),
-  // or "heuristic" (the default: PyTorch nn.LSTM's rule, so a model runs the algorithm it runs
-  // under PyTorch: small-hidden and fp16 single-layer shapes take the persistent algorithms,
-  // everything else standard; nothing is timed).
-  std::string cudnn_algo = "heuristic";
+  // For Algo::Cudnn (see CudnnAlgo). Heuristic, the default, runs the algorithm PyTorch's nn.LSTM
+  // runs for the shape.
+  CudnnAlgo cudnn_algo = CudnnAlgo::Heuristic;
   // F32 data may use TF32 tensor cores (torch.backends.cudnn.allow_tf32). bf16/f16 data always
   // uses tensor cores with fp32 accumulation. The math modes are PyTorch's (see lstm_cudnn.cpp).
   bool allow_tf32 = false;
-  // For Algo::Cudnn: replay cuDNN's work as CUDA graphs. A call's cuDNN work (an inference
-  // forward, a training forward, a backward) is captured once, and later calls with the same
-  // shape, lengths and buffers (h0/c0, outputs, gradients, weight buffer) replay it with one graph
-  // launch, which saves the host's time to issue cuDNN's per-step kernels (what small batches and
-  // hidden sizes over many steps wait for) and closes the gaps between them. x and d_output may be
-  // any buffers: they are copied into the graph's own input buffers first (one device copy of
-  // each per call, and of x again in the backward). Results are the same bits as without graphs
-  // (same kernels).
-  // "auto" (the default): three eager calls with a shape (after its first) are measured; graphs
+  // GPU backends replay a call's work (an inference forward, a training forward, a backward) as a
+  // CUDA graph: captured once, and later calls with the same shape, lengths and buffers (h0/c0,
+  // outputs, gradients, weights) replay it with one graph launch, which saves the host's time to
+  // issue per-step kernels (what small batches and hidden sizes over many steps wait for) and
+  // closes the gaps between them. x and d_output may be any buffers: they are copied into the
+  // graph's own input buffers first. Results are the same bits as without graphs (same kernels).
+  // Auto (the default): three eager calls with a shape (after its first) are measured; graphs
   //   are tried when the host took at least half as long to issue a call as the GPU took to run
   //   it, or when the copies are at most 5% of the GPU's time (counted at 80% of the device's
-  //   memory bandwidth; cuda_graphs_first_look in cudnn/lstm_cudnn.hpp), and kept when the fastest of three
-  //   replays took no longer than the fastest eager call (GPU time, waiting for the host
-  //   included);
-  // "on": replay from the second call with a shape (the first is the warm-up);
-  // "off": never.
+  //   memory bandwidth; cuda_graphs_first_look in cuda/graph_cache.hpp), and kept when the
+  //   fastest of three replays took no longer than the fastest eager call;
+  // On: replay from the second call with a shape (the first is the warm-up);
+  // Off: never.
   // A shape whose capture fails, or whose buffers change on most calls, runs without graphs, and
-  // so do training calls with dropout between layers (cuDNN's dropout state lives in cuDNN).
-  std::string cuda_graphs = "auto";
+  // so do cuDNN's training calls with dropout between layers (cuDNN's dropout state lives in it).
+  GraphMode cuda_graphs = GraphMode::Auto;
+  // For Algo::Auto: the file its choices are kept in across processes, per GPU, library versions,
+  // case and shape. "" (the default): $LSTM_AUTO_CACHE, else $XDG_CACHE_HOME/lstm-engine/auto.json,
+  // else ~/.cache/lstm-engine/auto.json; "-": none (measure in every process).
+  std::string auto_cache;
 };
-// Throws "<what>: expected auto, on or off, got '<value>'" unless value is a cuda_graphs setting.
-void check_cuda_graphs(const std::string& value, const std::string& what);
 
-// A new backend instance (owning its descriptors, plans and workspaces) for spec/dtype/device.
-// Throws with the reason when the chosen algorithm does not support the case, e.g. a cuDNN
-// persistent algorithm that rejects the hidden size names the limit.
+// One row of the backend registry: every implementation of the LSTM op, listed once. `lstm
+// info`, Algo::Auto, the conformance tests and the benchmark iterate over it and know no backend
+// by name.
+struct LstmBackendEntry {
+  std::string name;     // "reference", "naive", "cudnn", "cudnn:standard", ..., "fused"
+  Algo algo;
+  std::string summary;  // one line: what it computes with, and its limits
+  bool baseline = false;  // kept for comparison (the naive baseline): Algo::Auto never times it
+  // "" when make() can build an instance for spec/dtype/device under these options, otherwise
+  // why not (host-side checks only: nothing runs on a GPU).
+  std::function<std::string(const LstmSpec&, DType, Device, const LstmOptions&)> why_not;
+  std::function<std::unique_ptr<LstmBackend>(const LstmSpec&, DType, Device, const LstmOptions&)> make;
+};
+// The rows built into this binary, in a fixed order (reference first).
+const std::vector<LstmBackendEntry>& lstm_backends();
+// The row called `name`; throws naming the registered names when there is none.
+const LstmBackendEntry& lstm_backend_entry(const std::string& name);
+
+// A new backend instance (owning its descriptors, plans and workspaces) for spec/dtype/device:
+// the row of options.algo (for Cudnn the row "cudnn", which runs options.cudnn_algo), or for
+// Algo::Auto an instance that picks per shape: on the CPU the reference; on a GPU, the first
+// call with a (batch, steps, variable lengths or not, training or not) times every non-baseline
+// row that accepts the case (each cuDNN algorithm among them) and keeps the fastest, remembered
+// in options.auto_cache; its log() and last_run() say what it measured and picked. Throws with
+// the reason when the chosen row does not support the case (e.g. a cuDNN persistent algorithm
+// that rejects the hidden size names the limit).
 std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
                                                Device device);
-// cuDNN's algorithm names, in cuDNN's order: standard, persist_static, persist_dynamic,
-// persist_static_small_h.
-std::vector<std::string> cudnn_algo_names();
-// Algorithms built into this binary, e.g. {Reference} on a CPU-only build.
+// make_lstm_backend for the row called `name` (options.algo is ignored).
+std::unique_ptr<LstmBackend> make_lstm_backend(const std::string& name, const LstmOptions& options,
+                                               const LstmSpec& spec, DType dtype, Device device);
+// Algorithms with a row in this binary, e.g. {Reference} on a CPU-only build.
 std::vector<Algo> available_algos();
 
 // Checks x / lengths / h0 / c0 against spec; throws naming what was expected and what was given.
