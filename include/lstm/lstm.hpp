@@ -236,6 +236,10 @@ struct LstmBackendEntry {
   Algo algo;
   std::string summary;  // one line: what it computes with, and its limits
   bool baseline = false;  // kept for comparison (the naive baseline): Algo::Auto never times it
+  // What a call may ask beyond the spec: lengths shorter than T within a batch, and h0/c0. A
+  // backend without them refuses such calls with an lstm::Error, and Auto does not time it there.
+  bool variable_lengths = true;
+  bool initial_state = true;
   // "" when make() can build an instance for spec/dtype/device under these options, otherwise
   // why not (host-side checks only: nothing runs on a GPU).
   std::function<std::string(const LstmSpec&, DType, Device, const LstmOptions&)> why_not;

@@ -521,36 +521,45 @@ LstmGrads backward_impl(const LstmSpec& s, const std::vector<Tensor>& w, const S
 
 class ReferenceBackend final : public LstmBackend {
  public:
+  using LstmBackend::LstmBackend;
   Algo algo() const override { return Algo::Reference; }
-  std::string unsupported_reason(const LstmSpec&, DType dtype, Device device) const override {
-    if (device != Device::CPU) return "the reference backend runs on the CPU only";
-    if (dtype != DType::F32 && dtype != DType::F64)
-      return std::string("the reference backend computes in F32 or F64, not ") + dtype_name(dtype);
-    return "";
-  }
-  LstmOutput forward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmInput& in, bool training,
-                     Rng* rng, std::unique_ptr<LstmSaved>* saved) override {
+  std::string name() const override { return "reference"; }
+  std::string last_run() const override { return ran_ ? "reference" : ""; }
+  LstmOutput forward(const std::vector<Tensor>& weights, const LstmInput& in, bool training, Rng* rng,
+                     std::unique_ptr<LstmSaved>* saved, const ExecContext& ctx) override {
+    check_call(in, weights, ctx);
     std::unique_ptr<Saved> sv = saved ? std::make_unique<Saved>() : nullptr;
-    LSTM_REQUIRE(in.x.defined(), "LSTM: input is undefined");
-    LstmOutput out = in.x.dtype() == DType::F64 ? forward_impl<double>(spec, weights, in, training, rng, sv.get())
-                                                : forward_impl<float>(spec, weights, in, training, rng, sv.get());
+    LstmOutput out = dtype() == DType::F64 ? forward_impl<double>(spec(), weights, in, training, rng, sv.get())
+                                           : forward_impl<float>(spec(), weights, in, training, rng, sv.get());
     if (saved) *saved = std::move(sv);
+    ran_ = true;
     return out;
   }
-  LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmSaved& saved,
-                     const LstmGradOutput& grad, std::vector<Tensor>& d_weights) override {
+  LstmGrads backward(const std::vector<Tensor>& weights, const LstmSaved& saved, const LstmGradOutput& grad,
+                     std::vector<Tensor>& d_weights, const ExecContext& ctx) override {
+    LSTM_REQUIRE(ctx.device == Device::CPU, "reference LSTM backward: runs on the CPU, got a "
+                                                << device_name(ctx.device) << " execution context");
     const auto* sv = dynamic_cast<const Saved*>(&saved);
     LSTM_REQUIRE(sv, "LSTM backward: saved state does not come from the reference backend's forward");
-    return sv->dtype == DType::F64 ? backward_impl<double>(spec, weights, *sv, grad, d_weights)
-                                   : backward_impl<float>(spec, weights, *sv, grad, d_weights);
+    return sv->dtype == DType::F64 ? backward_impl<double>(spec(), weights, *sv, grad, d_weights)
+                                   : backward_impl<float>(spec(), weights, *sv, grad, d_weights);
   }
+
+ private:
+  bool ran_ = false;
 };
 
 }  // namespace
 
-LstmBackend& reference_lstm_backend() {
-  static ReferenceBackend backend;
-  return backend;
+std::string reference_lstm_unsupported(const LstmSpec& spec, DType dtype, Device device) {
+  if (device != Device::CPU) return "the reference backend runs on the CPU only";
+  if (dtype != DType::F32 && dtype != DType::F64)
+    return std::string("the reference backend computes in F32 or F64, not ") + dtype_name(dtype);
+  return "";
+}
+
+std::unique_ptr<LstmBackend> make_reference_lstm_backend(const LstmSpec& spec, DType dtype) {
+  return std::make_unique<ReferenceBackend>(spec, dtype, Device::CPU);
 }
 
 }  // namespace lstm::cpu

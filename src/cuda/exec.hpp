@@ -8,6 +8,9 @@
 
 namespace lstm::cuda {
 
+// The calling thread's engine stream on the current device, as an ExecContext.
+ExecContext current_context();
+
 inline cudaStream_t stream_of(const ExecContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
 // Makes ctx's device current and ctx's stream the calling thread's engine stream until it is

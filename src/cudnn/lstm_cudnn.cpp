@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "cudnn/cudnn_util.hpp"
-#include "cudnn/lstm_cudnn_backend.hpp"
+#include "cuda/exec.hpp"
 #include "cudnn/lstm_cudnn_kernels.hpp"
 #include "lstm/device.hpp"
 
@@ -76,23 +76,26 @@ cudnnRNNAlgo_t to_cudnn_algo(int a) {
   }
 }
 
-int algo_from_option(const std::string& name) {
+int algo_id(CudnnAlgo a) {
+  switch (a) {
+    case CudnnAlgo::Standard: return kStandard;
+    case CudnnAlgo::PersistStatic: return kPersistStatic;
+    case CudnnAlgo::PersistDynamic: return kPersistDynamic;
+    case CudnnAlgo::PersistStaticSmallH: return kPersistSmallH;
+    case CudnnAlgo::Auto: return kAutoAlgo;
+    case CudnnAlgo::Heuristic: return kHeuristicAlgo;
+  }
+  return kStandard;
+}
+// cudnn_heuristic_algo's answer (one of kAlgoNames) as an id.
+int algo_from_name(const std::string& name) {
   for (int a = 0; a < 4; ++a)
     if (name == kAlgoNames[a]) return a;
-  if (name == "auto") return kAutoAlgo;
-  if (name == "heuristic") return kHeuristicAlgo;
-  LSTM_THROW("unknown cudnn_algo '" << name
-                                    << "': expected one of standard, persist_static, persist_dynamic, "
-                                       "persist_static_small_h, auto, heuristic");
+  LSTM_THROW("not a cuDNN algorithm: '" << name << "'");
 }
 
 // ---- CUDA graphs of cuDNN calls (LstmOptions::cuda_graphs) ----
-enum GraphMode : int { kGraphsAuto = 0, kGraphsOn = 1, kGraphsOff = 2 };
-
-int graph_mode_from_option(const std::string& name) {
-  check_cuda_graphs(name, "LstmOptions::cuda_graphs");  // the one list of accepted settings
-  return name == "auto" ? kGraphsAuto : name == "on" ? kGraphsOn : kGraphsOff;
-}
+constexpr GraphMode kGraphsAuto = GraphMode::Auto, kGraphsOn = GraphMode::On, kGraphsOff = GraphMode::Off;
 
 // Owning handles (destroying an executable graph that is still running frees it when it ends;
 // events also time cudnn_algo "auto"'s candidates).
@@ -460,10 +463,14 @@ bool in_place(const std::vector<Tensor>& ts, const LstmBackend::FlatLayout& layo
   return true;
 }
 
-class CudnnBackend final : public CudnnLstmBackend {
+// Why cuDNN's algorithm `algo` cannot run spec in dtype on device ("" when it can): host-side
+// descriptor calls only, nothing runs on the GPU.
+std::string unsupported(const LstmSpec& spec, DType dtype, Device device, int algo, bool allow_tf32);
+
+class CudnnBackend final : public LstmBackend {
  public:
-  explicit CudnnBackend(const LstmOptions& o)
-      : options_(o), algo_(algo_from_option(o.cudnn_algo)), graphs_(graph_mode_from_option(o.cuda_graphs)) {}
+  CudnnBackend(const LstmSpec& spec, DType dtype, Device device, const LstmOptions& o)
+      : LstmBackend(spec, dtype, device), options_(o), algo_(algo_id(o.cudnn_algo)), graphs_(o.cuda_graphs) {}
   ~CudnnBackend() override {
     plans_.clear();  // their graphs first
     last_plan_.reset();
@@ -473,56 +480,19 @@ class CudnnBackend final : public CudnnLstmBackend {
   CudnnBackend& operator=(const CudnnBackend&) = delete;
 
   Algo algo() const override { return Algo::Cudnn; }
-  std::string last_algo() const override { return last_algo_; }
-  std::string auto_log() const override { return auto_log_; }
-  std::string last_graph() const override { return last_graph_; }
-  bool graphs_settled() const override { return settled_fwd_ && settled_bwd_; }
-  GraphCounts graph_counts() const override { return counts_; }
-  std::string graph_log() const override { return graph_log_; }
-
-  std::string unsupported_reason(const LstmSpec& spec, DType dtype, Device device) const override {
-    if (device != Device::CUDA) return "the cuDNN backend runs on CUDA devices only";
-    if (!cuda_available()) return cuda_unavailable_reason();
-    if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16 && dtype != DType::F64)
-      return std::string("the cuDNN backend computes in F32, BF16, F16 or F64, not ") + dtype_name(dtype);
-    if (dtype == DType::F64 && algo_ != kStandard && algo_ != kAutoAlgo && algo_ != kHeuristicAlgo)
-      return std::string("cuDNN ") + kAlgoNames[algo_] + " does not compute in F64; only \"standard\" does";
-    try {
-      spec.validate();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    if (algo_ == kAutoAlgo || algo_ == kStandard || algo_ == kHeuristicAlgo) return "";
-    // Ask cuDNN with descriptors (host-side calls, no GPU work): the RNN descriptor, the weight
-    // space and the temporary space for one step of one sequence. persist_dynamic is not probed
-    // past the descriptor: its temp-space query needs the NVRTC build for a batch size.
-    try {
-      cudnnHandle_t h = cuda::cudnn_handle();
-      DropoutDesc nodrop;
-      LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(nodrop.get(), h, 0.0f, nullptr, 0, 0));
-      RnnDesc rnn;
-      const CaseText what = case_str(spec, dtype, 0, 0, false);
-      set_rnn_desc(rnn.get(), algo_, spec, dtype, options_.allow_tf32, nodrop.get(), what);
-      size_t wbytes = 0;
-      LSTM_CUDNN_ACCEPTS(cudnnGetRNNWeightSpaceSize(h, rnn.get(), &wbytes), algo_, what, "cudnnGetRNNWeightSpaceSize");
-      if (algo_ != kPersistDynamic) {
-        RnnDataDesc x;
-        int32_t one = 1;
-        LSTM_CUDA_CHECK(cudnnSetRNNDataDescriptor(x.get(), data_type(dtype), CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, 1,
-                                                  1, static_cast<int>(spec.input_size), &one, &g_zero_fill));
-        for (cudnnForwardMode_t m : {CUDNN_FWD_MODE_INFERENCE, CUDNN_FWD_MODE_TRAINING}) {
-          size_t ws = 0, rs = 0;
-          LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(h, rnn.get(), m, x.get(), &ws, &rs), algo_, what,
-                             "cudnnGetRNNTempSpaceSizes");
-        }
-      }
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+  std::string name() const override {
+    return options_.cudnn_algo == CudnnAlgo::Heuristic ? "cudnn" : std::string("cudnn:") + cudnn_algo_name(options_.cudnn_algo);
   }
+  // "cudnn:<the algorithm that ran>, <replayed|eager>".
+  std::string last_run() const override {
+    if (last_algo_.empty()) return "";
+    return "cudnn:" + last_algo_ + (last_graph_.empty() ? std::string() : ", " + last_graph_);
+  }
+  std::string log() const override { return auto_log_ + graph_log_; }
+  bool settled() const override { return settled_fwd_ && settled_bwd_; }
+  GraphCounts graph_counts() const override { return counts_; }
 
-  FlatLayout flat_layout(const LstmSpec& spec, DType dtype) const override {
+  FlatLayout flat_layout(DType dtype) const override {
     // "auto" may run any algorithm; every one is handed the standard layout and copies when its
     // own differs (compute_layout is checked per plan).
     const int a = algo_ == kAutoAlgo || algo_ == kHeuristicAlgo ? kStandard : algo_;
@@ -530,16 +500,16 @@ class CudnnBackend final : public CudnnLstmBackend {
     DropoutDesc nodrop;
     LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(nodrop.get(), h, 0.0f, nullptr, 0, 0));
     RnnDesc rnn;
-    set_rnn_desc(rnn.get(), a, spec, dtype, options_.allow_tf32, nodrop.get(), case_str(spec, dtype, 0, 0, false));
-    return compute_layout(h, rnn.get(), spec, dtype);
+    set_rnn_desc(rnn.get(), a, spec(), dtype, options_.allow_tf32, nodrop.get(), case_str(spec(), dtype, 0, 0, false));
+    return compute_layout(h, rnn.get(), spec(), dtype);
   }
 
-  LstmOutput forward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmInput& in, bool training,
-                     Rng* rng, std::unique_ptr<LstmSaved>* saved) override {
-    auto [T, B] = check_lstm_input(spec, in, weights);
+  LstmOutput forward(const std::vector<Tensor>& weights, const LstmInput& in, bool training, Rng* rng,
+                     std::unique_ptr<LstmSaved>* saved, const ExecContext& ctx) override {
+    auto [T, B] = check_call(in, weights, ctx);
+    cuda::ExecScope scope(ctx);
+    const LstmSpec& spec = this->spec();
     const DType dt = in.x.dtype();
-    LSTM_REQUIRE(in.x.device() == Device::CUDA, "cuDNN LSTM: the input must be on the GPU, got a "
-                                                    << device_name(in.x.device()) << " tensor");
     (void)data_type(dt);
     const bool with_dropout = training && spec.dropout > 0 && spec.num_layers > 1;
     const bool train_mode = saved != nullptr || with_dropout;
@@ -554,7 +524,7 @@ class CudnnBackend final : public CudnnLstmBackend {
       bool varlen = false;
       for (int32_t l : len) varlen = varlen || l < T;
       const cudaDeviceProp& prop = cuda::device_prop();
-      a = algo_from_option(
+      a = algo_from_name(
           cudnn_heuristic_algo(spec, dt, T, B, varlen, train_mode, prop.major, prop.minor, prop.multiProcessorCount));
     }
     std::shared_ptr<Plan> plan = get_plan(spec, dt, a, B, packs(spec, T, len));
@@ -623,8 +593,12 @@ class CudnnBackend final : public CudnnLstmBackend {
     return out;
   }
 
-  LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& weights, const LstmSaved& saved,
-                     const LstmGradOutput& grad, std::vector<Tensor>& d_weights) override {
+  LstmGrads backward(const std::vector<Tensor>& weights, const LstmSaved& saved, const LstmGradOutput& grad,
+                     std::vector<Tensor>& d_weights, const ExecContext& ctx) override {
+    LSTM_REQUIRE(ctx.device == Device::CUDA, "cuDNN LSTM backward: runs on the GPU, got a "
+                                                 << device_name(ctx.device) << " execution context");
+    cuda::ExecScope scope(ctx);
+    const LstmSpec& spec = this->spec();
     const auto* sv = dynamic_cast<const CudnnSaved*>(&saved);
     LSTM_REQUIRE(sv, "cuDNN LSTM backward: the saved state does not come from a cuDNN forward");
     LSTM_REQUIRE(!sv->used, "cuDNN LSTM backward: runs once per training forward (cuDNN's backward consumes the "
@@ -1349,11 +1323,76 @@ class CudnnBackend final : public CudnnLstmBackend {
   std::string last_algo_, auto_log_, last_graph_, graph_log_;
 };
 
+std::string unsupported(const LstmSpec& spec, DType dtype, Device device, int algo, bool allow_tf32) {
+  if (device != Device::CUDA) return "the cuDNN backend runs on CUDA devices only";
+  if (!cuda_available()) return cuda_unavailable_reason();
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16 && dtype != DType::F64)
+    return std::string("the cuDNN backend computes in F32, BF16, F16 or F64, not ") + dtype_name(dtype);
+  if (dtype == DType::F64 && algo != kStandard && algo != kAutoAlgo && algo != kHeuristicAlgo)
+    return std::string("cuDNN ") + kAlgoNames[algo] + " does not compute in F64; only \"standard\" does";
+  try {
+    spec.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (algo == kAutoAlgo || algo == kStandard || algo == kHeuristicAlgo) return "";
+  // Ask cuDNN with descriptors (host-side calls, no GPU work): the RNN descriptor, the weight
+  // space and the temporary space for one step of one sequence. persist_dynamic is not probed
+  // past the descriptor: its temp-space query needs the NVRTC build for a batch size.
+  try {
+    cudnnHandle_t h = cuda::cudnn_handle();
+    DropoutDesc nodrop;
+    LSTM_CUDA_CHECK(cudnnSetDropoutDescriptor(nodrop.get(), h, 0.0f, nullptr, 0, 0));
+    RnnDesc rnn;
+    const CaseText what = case_str(spec, dtype, 0, 0, false);
+    set_rnn_desc(rnn.get(), algo, spec, dtype, allow_tf32, nodrop.get(), what);
+    size_t wbytes = 0;
+    LSTM_CUDNN_ACCEPTS(cudnnGetRNNWeightSpaceSize(h, rnn.get(), &wbytes), algo, what, "cudnnGetRNNWeightSpaceSize");
+    if (algo != kPersistDynamic) {
+      RnnDataDesc x;
+      int32_t one = 1;
+      LSTM_CUDA_CHECK(cudnnSetRNNDataDescriptor(x.get(), data_type(dtype), CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, 1,
+                                                1, static_cast<int>(spec.input_size), &one, &g_zero_fill));
+      for (cudnnForwardMode_t m : {CUDNN_FWD_MODE_INFERENCE, CUDNN_FWD_MODE_TRAINING}) {
+        size_t ws = 0, rs = 0;
+        LSTM_CUDNN_ACCEPTS(cudnnGetRNNTempSpaceSizes(h, rnn.get(), m, x.get(), &ws, &rs), algo, what,
+                           "cudnnGetRNNTempSpaceSizes");
+      }
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
-std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions& options) {
-  return std::make_unique<CudnnBackend>(options);
+std::string cudnn_lstm_unsupported(const LstmSpec& spec, DType dtype, Device device, const LstmOptions& options) {
+  return unsupported(spec, dtype, device, algo_id(options.cudnn_algo), options.allow_tf32);
 }
+
+std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmSpec& spec, DType dtype, Device device,
+                                                     const LstmOptions& options) {
+  return std::make_unique<CudnnBackend>(spec, dtype, device, options);
+}
+
+std::string cudnn_algo_summary(CudnnAlgo a) {
+  switch (a) {
+    case CudnnAlgo::Standard: return "GPU, F64/F32/TF32/BF16/F16: cuDNN's standard algorithm, CUDA graphs";
+    case CudnnAlgo::PersistStatic:
+      return "GPU, F32/TF32/F16 (cuDNN 9 has no BF16 persistence): cuDNN's persistent kernel; hidden and batch "
+             "limits set by cuDNN per device; no variable lengths, projection or bias-free layers";
+    case CudnnAlgo::PersistDynamic:
+      return "GPU, F32/TF32/F16: cuDNN's run-time compiled persistent kernel (one compile per batch size); "
+             "no variable lengths, projection or bias-free layers";
+    case CudnnAlgo::PersistStaticSmallH:
+      return "GPU, F32/TF32/F16: cuDNN's persistent kernel for small hidden sizes (up to 192 in inference, "
+             "128 in training, per cuDNN); no variable lengths, projection or bias-free layers";
+    default: return "GPU: cuDNN";
+  }
+}
+
+bool cudnn_algo_varlen(CudnnAlgo a) { return a == CudnnAlgo::Standard || a == CudnnAlgo::Heuristic || a == CudnnAlgo::Auto; }
 
 GraphFirstLook cuda_graphs_first_look(double host_us, double gpu_us, size_t staged_bytes, double copy_gbs) {
   GraphFirstLook r;

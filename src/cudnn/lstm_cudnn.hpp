@@ -7,12 +7,17 @@
 
 namespace lstm {
 
-// A cuDNN backend instance; options.cudnn_algo picks cuDNN's algorithm ("standard",
-// "persist_static", "persist_dynamic", "persist_static_small_h", "auto", "heuristic") and
-// allow_tf32 the math mode for F32 data, cuda_graphs whether its calls are replayed as CUDA graphs
-// ("auto", "on", "off"). Throws naming the accepted names for an unknown cudnn_algo or
-// cuda_graphs.
-std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmOptions& options);
+// "" when cuDNN can run spec in dtype on device with options.cudnn_algo (host-side descriptor
+// checks only: a persistent algorithm that rejects the hidden size names the limit), else why not.
+std::string cudnn_lstm_unsupported(const LstmSpec& spec, DType dtype, Device device, const LstmOptions& options);
+// A cuDNN backend instance; options.cudnn_algo picks cuDNN's algorithm, allow_tf32 the math mode
+// for F32 data, cuda_graphs whether its calls are replayed as CUDA graphs.
+std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmSpec& spec, DType dtype, Device device,
+                                                     const LstmOptions& options);
+// The registry's line about one pinned cuDNN algorithm, and whether it takes variable lengths
+// within a batch (cuDNN 9's persistent algorithms refuse them at call time).
+std::string cudnn_algo_summary(CudnnAlgo a);
+bool cudnn_algo_varlen(CudnnAlgo a);
 
 // The algorithm cudnn_algo "heuristic" runs for a call: the rule PyTorch's nn.LSTM applies
 // (persist_static_small_h for hidden sizes up to 192 in inference and 128 in training,

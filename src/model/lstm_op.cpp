@@ -1,19 +1,41 @@
-// LstmSpec, input checking, initialisation and the backend registry.
+// LstmSpec, input checking, initialisation, the names of the LSTM enums, ExecContext.
 #include <cmath>
 #include <regex>
 
-#include "cpu/lstm_reference.hpp"
 #include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
 #if LSTM_HAVE_CUDA
-#include "cudnn/lstm_cudnn.hpp"
+#include "cuda/exec.hpp"
 #endif
 
 namespace lstm {
 
+namespace {
+constexpr Algo kAlgos[] = {Algo::Reference, Algo::Naive, Algo::Cudnn, Algo::Fused, Algo::Persistent, Algo::Auto};
+constexpr CudnnAlgo kCudnnAlgos[] = {CudnnAlgo::Heuristic,     CudnnAlgo::Standard,
+                                     CudnnAlgo::PersistStatic, CudnnAlgo::PersistDynamic,
+                                     CudnnAlgo::PersistStaticSmallH, CudnnAlgo::Auto};
+constexpr GraphMode kGraphModes[] = {GraphMode::Auto, GraphMode::On, GraphMode::Off};
+
+// The accepted names of an enum, "a, b or c", for errors.
+template <class E, size_t N>
+std::string accepted(const E (&all)[N], const char* (*name)(E)) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i) s += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + name(all[i]);
+  return s;
+}
+template <class E, size_t N>
+E parse_enum(const E (&all)[N], const char* (*name)(E), const std::string& value, const std::string& what) {
+  for (E e : all)
+    if (value == name(e)) return e;
+  LSTM_THROW(what << ": expected " << accepted(all, name) << ", got '" << value << "'");
+}
+}  // namespace
+
 const char* algo_name(Algo a) {
   switch (a) {
     case Algo::Reference: return "reference";
+    case Algo::Naive: return "naive";
     case Algo::Cudnn: return "cudnn";
     case Algo::Fused: return "fused";
     case Algo::Persistent: return "persistent";
@@ -21,11 +43,43 @@ const char* algo_name(Algo a) {
   }
   return "?";
 }
+Algo algo_from_name(const std::string& n) { return parse_enum(kAlgos, algo_name, n, "algo"); }
 
-Algo algo_from_name(const std::string& n) {
-  for (Algo a : {Algo::Reference, Algo::Cudnn, Algo::Fused, Algo::Persistent, Algo::Auto})
-    if (n == algo_name(a)) return a;
-  LSTM_THROW("unknown algo '" << n << "': expected one of reference, cudnn, fused, persistent, auto");
+const char* cudnn_algo_name(CudnnAlgo a) {
+  switch (a) {
+    case CudnnAlgo::Heuristic: return "heuristic";
+    case CudnnAlgo::Standard: return "standard";
+    case CudnnAlgo::PersistStatic: return "persist_static";
+    case CudnnAlgo::PersistDynamic: return "persist_dynamic";
+    case CudnnAlgo::PersistStaticSmallH: return "persist_static_small_h";
+    case CudnnAlgo::Auto: return "auto";
+  }
+  return "?";
+}
+CudnnAlgo cudnn_algo_from_name(const std::string& n, const std::string& what) {
+  return parse_enum(kCudnnAlgos, cudnn_algo_name, n, what);
+}
+
+const char* graph_mode_name(GraphMode m) {
+  switch (m) {
+    case GraphMode::Auto: return "auto";
+    case GraphMode::On: return "on";
+    case GraphMode::Off: return "off";
+  }
+  return "?";
+}
+GraphMode graph_mode_from_name(const std::string& n, const std::string& what) {
+  return parse_enum(kGraphModes, graph_mode_name, n, what);
+}
+
+ExecContext ExecContext::current(Device device) {
+  if (device == Device::CPU) return cpu();
+  require_cuda("a GPU execution context");
+#if LSTM_HAVE_CUDA
+  return cuda::current_context();
+#else
+  return cpu();  // unreachable: require_cuda threw
+#endif
 }
 
 void LstmSpec::validate() const {
@@ -197,23 +251,6 @@ void lstm_init_weights(const LstmSpec& spec, std::vector<Tensor>& weights, Rng& 
   for (auto& w : weights) rng.fill_uniform(w, -k, k);
 }
 
-LstmBackend& lstm_backend(Algo algo, const LstmSpec& spec, DType dtype, Device device) {
-  LstmBackend* chosen = nullptr;
-  if (algo == Algo::Reference || algo == Algo::Auto) chosen = &cpu::reference_lstm_backend();
-  LSTM_REQUIRE(chosen, "LSTM algo '" << algo_name(algo) << "' is not built into this binary (available: reference)");
-  std::string why = chosen->unsupported_reason(spec, dtype, device);
-  LSTM_REQUIRE(why.empty(), "LSTM algo '" << algo_name(chosen->algo()) << "' cannot run this case: " << why);
-  return *chosen;
-}
-
-std::vector<Algo> available_algos() {
-#if LSTM_HAVE_CUDA
-  return {Algo::Reference, Algo::Cudnn};
-#else
-  return {Algo::Reference};
-#endif
-}
-
 std::vector<Tensor> make_flat_weights(const LstmSpec& spec, const LstmBackend::FlatLayout& layout, DType dtype,
                                       Device device) {
   std::vector<Tensor> w;
@@ -237,55 +274,17 @@ std::vector<Tensor> make_flat_weights(const LstmSpec& spec, const LstmBackend::F
   return w;
 }
 
-std::vector<std::string> cudnn_algo_names() {
-  return {"standard", "persist_static", "persist_dynamic", "persist_static_small_h"};
-}
-
-namespace {
-// The process-wide reference backend behind a unique_ptr.
-class ReferenceHandle final : public LstmBackend {
- public:
-  Algo algo() const override { return Algo::Reference; }
-  std::string unsupported_reason(const LstmSpec& s, DType dt, Device dev) const override {
-    return cpu::reference_lstm_backend().unsupported_reason(s, dt, dev);
-  }
-  LstmOutput forward(const LstmSpec& spec, const std::vector<Tensor>& w, const LstmInput& in, bool training, Rng* rng,
-                     std::unique_ptr<LstmSaved>* saved) override {
-    return cpu::reference_lstm_backend().forward(spec, w, in, training, rng, saved);
-  }
-  LstmGrads backward(const LstmSpec& spec, const std::vector<Tensor>& w, const LstmSaved& saved,
-                     const LstmGradOutput& g, std::vector<Tensor>& dw) override {
-    return cpu::reference_lstm_backend().backward(spec, w, saved, g, dw);
-  }
-};
-}  // namespace
-
-void check_cuda_graphs(const std::string& value, const std::string& what) {
-  LSTM_REQUIRE(value == "auto" || value == "on" || value == "off",
-               what << ": expected auto, on or off, got '" << value << "'");
-}
-
-std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
-                                               Device device) {
-  check_cuda_graphs(options.cuda_graphs, "LstmOptions::cuda_graphs");
-  Algo algo = options.algo;
-  if (algo == Algo::Auto) algo = device == Device::CPU ? Algo::Reference : Algo::Cudnn;
-  std::unique_ptr<LstmBackend> be;
-  if (algo == Algo::Reference) be = std::make_unique<ReferenceHandle>();
-#if LSTM_HAVE_CUDA
-  if (algo == Algo::Cudnn) {
-    require_cuda("LSTM algo 'cudnn'");
-    be = make_cudnn_lstm_backend(options);
-  }
-#endif
-  std::string avail;
-  for (Algo a : available_algos()) avail += std::string(avail.empty() ? "" : ", ") + algo_name(a);
-  LSTM_REQUIRE(be, "LSTM algo '" << algo_name(algo) << "' is not built into this binary (available: " << avail << ")");
-  std::string why = be->unsupported_reason(spec, dtype, device);
-  LSTM_REQUIRE(why.empty(), "LSTM algo '" << algo_name(algo)
-                                          << (algo == Algo::Cudnn ? " (" + options.cudnn_algo + ")" : std::string())
-                                          << "' cannot run this case: " << why);
-  return be;
+std::pair<int64_t, int64_t> LstmBackend::check_call(const LstmInput& in, const std::vector<Tensor>& weights,
+                                                    const ExecContext& ctx) const {
+  LSTM_REQUIRE(ctx.device == device_, "LSTM " << name() << ": the backend runs on the " << device_name(device_)
+                                              << ", the call's execution context is on the "
+                                              << device_name(ctx.device));
+  LSTM_REQUIRE(in.x.defined(), "LSTM " << name() << ": input is undefined");
+  LSTM_REQUIRE(in.x.dtype() == dtype_, "LSTM " << name() << ": the backend was made for " << dtype_name(dtype_)
+                                               << " data, the input is " << dtype_name(in.x.dtype()));
+  LSTM_REQUIRE(in.x.device() == device_, "LSTM " << name() << ": the input must be on the " << device_name(device_)
+                                                 << ", got a " << device_name(in.x.device()) << " tensor");
+  return check_lstm_input(spec_, in, weights);
 }
 
 }  // namespace lstm
