@@ -7,8 +7,10 @@
 #include "lstm/lstm.hpp"
 #include "model/lstm_auto.hpp"
 #if LSTM_HAVE_CUDA
+#if LSTM_WITH_NEW_ROWS
 #include "cuda/lstm_fused.hpp"
 #include "cuda/lstm_naive.hpp"
+#endif
 #include "cudnn/lstm_cudnn.hpp"
 #endif
 
@@ -28,6 +30,7 @@ std::vector<LstmBackendEntry> build_registry() {
                     return cpu::make_reference_lstm_backend(s, dt);
                   }});
 #if LSTM_HAVE_CUDA
+#if LSTM_WITH_NEW_ROWS
   rows.push_back({"naive", Algo::Naive,
                   "GPU, F32/TF32/BF16/F16: the per-gate baseline of Appleyard et al. (8 GEMMs and 11 unfused "
                   "kernels per layer and step); unidirectional, with bias, no projection, sequence-major, no "
@@ -39,6 +42,7 @@ std::vector<LstmBackendEntry> build_registry() {
                   [](const LstmSpec& s, DType dt, Device dev, const LstmOptions& o) {
                     return cuda::make_naive_lstm_backend(s, dt, dev, o);
                   }});
+#endif
   // "cudnn" runs options.cudnn_algo; the rows after it pin one cuDNN algorithm each, so that
   // Auto and the benchmark see every algorithm as a backend of its own.
   rows.push_back({"cudnn", Algo::Cudnn,
@@ -66,6 +70,7 @@ std::vector<LstmBackendEntry> build_registry() {
                       return make_cudnn_lstm_backend(s, dt, dev, pinned(o));
                     }});
   }
+#if LSTM_WITH_NEW_ROWS
   rows.push_back({"fused", Algo::Fused,
                   "GPU, F32/TF32/BF16/F16: our kernels: one recurrent GEMM and one fused pointwise kernel per "
                   "step, one input GEMM per layer, directions on two streams, a wavefront across layers",
@@ -76,6 +81,7 @@ std::vector<LstmBackendEntry> build_registry() {
                   [](const LstmSpec& s, DType dt, Device dev, const LstmOptions& o) {
                     return cuda::make_fused_lstm_backend(s, dt, dev, o);
                   }});
+#endif
 #endif
   return rows;
 }
