@@ -3,7 +3,8 @@
 // meaning: the data layout (SEQ_MAJOR_PACKED with padded I/O off, or SEQ_MAJOR_UNPACKED with
 // padded I/O on, which is what PyTorch passes for a plain tensor) and the math type (FMA, DEFAULT,
 // TENSOR_OP, TENSOR_OP_ALLOW_CONVERSION), for cuDNN's standard and persist_static algorithms. It is
-// how the settings of src/cudnn/lstm_cudnn.cpp were chosen (docs/PERFORMANCE.md).
+// how the settings of src/cudnn/lstm_cudnn.cpp were chosen
+// (docs/perf/log_2026-11-29_to_2026-12-01.md).
 //
 // All variants of one case and dtype share one weight space and one rotating input pool (>= 4x the
 // L2), and are timed in interleaved rounds (round r times every variant in turn), so a clock drift
@@ -20,8 +21,8 @@
 // --null-stream adds raw calls with PyTorch's settings on the legacy default stream (the stream
 // nn.LSTM runs on unless told otherwise), and nn.LSTM's exact call (unpacked layout, padded I/O,
 // zero h0/c0 tensors rather than null pointers) on either stream: to tell what makes PyTorch's
-// runs of the same cuDNN faster on some shapes (docs/PERFORMANCE.md). The engine stream is the
-// legacy default stream itself unless LSTM_CUDA_STREAM=own (src/core/cuda_rt.cpp); run with
+// runs of the same cuDNN faster on some shapes (docs/perf/log_2026-11-29_to_2026-12-01.md). The
+// engine stream is the legacy default stream itself unless LSTM_CUDA_STREAM=own (src/core/cuda_rt.cpp); run with
 // LSTM_CUDA_STREAM=own to compare a stream of our own with the legacy one.
 //
 // One JSON object per line (also printed as a table on stdout). Without a GPU it says so and exits 0.
