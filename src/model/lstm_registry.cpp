@@ -7,9 +7,9 @@
 #include "lstm/lstm.hpp"
 #include "model/lstm_auto.hpp"
 #if LSTM_HAVE_CUDA
+#include "cuda/lstm_naive.hpp"
 #if LSTM_WITH_NEW_ROWS
 #include "cuda/lstm_fused.hpp"
-#include "cuda/lstm_naive.hpp"
 #endif
 #include "cudnn/lstm_cudnn.hpp"
 #endif
@@ -30,7 +30,6 @@ std::vector<LstmBackendEntry> build_registry() {
                     return cpu::make_reference_lstm_backend(s, dt);
                   }});
 #if LSTM_HAVE_CUDA
-#if LSTM_WITH_NEW_ROWS
   rows.push_back({"naive", Algo::Naive,
                   "GPU, F32/TF32/BF16/F16: the per-gate baseline of Appleyard et al. (8 GEMMs and 11 unfused "
                   "kernels per layer and step); unidirectional, with bias, no projection, sequence-major, no "
@@ -42,7 +41,6 @@ std::vector<LstmBackendEntry> build_registry() {
                   [](const LstmSpec& s, DType dt, Device dev, const LstmOptions& o) {
                     return cuda::make_naive_lstm_backend(s, dt, dev, o);
                   }});
-#endif
   // "cudnn" runs options.cudnn_algo; the rows after it pin one cuDNN algorithm each, so that
   // Auto and the benchmark see every algorithm as a backend of its own.
   rows.push_back({"cudnn", Algo::Cudnn,
