@@ -226,13 +226,18 @@ class AutoBackend final : public LstmBackend {
         const double us = time_calls(*be, weights, in, k[3] != 0, training, rng, ctx);
         log << ' ' << r.name << ' ' << us << " us;";
         times[r.name] = us;
+        const LstmBackendEntry* loser = &r;
         if (!best || us < best_us) {
+          loser = best;
           best = &r;
           best_us = us;
         }
+        // At most two candidates hold workspaces at a time, so that measuring costs little more
+        // device memory than running the winner.
+        if (loser) drop_unless_picked(loser->name);
       } catch (const Error& e) {
         log << ' ' << r.name << " failed (" << e.what() << ");";
-        chosen_.erase(r.name);
+        drop_unless_picked(r.name);
       }
     }
     LSTM_REQUIRE(best, "LSTM auto: no registered backend runs this case:" << log.str().substr(log.str().find(':') + 1));
@@ -240,13 +245,17 @@ class AutoBackend final : public LstmBackend {
     const std::string file_err = file.put(fk, {{"pick", best->name}, {"us", times}});
     log_ += log.str();
     if (!file_err.empty()) log_ += "auto: " + file_err + " (the choice holds for this process)\n";
-    // Losers free their workspaces, unless an earlier shape picked them.
-    for (auto it = chosen_.begin(); it != chosen_.end();) {
-      bool used = it->first == best->name;
-      for (const auto& [kk, be] : picks_) used = used || be == it->second.get();
-      it = used ? std::next(it) : chosen_.erase(it);
-    }
     return picks_[k] = chosen_.at(best->name).get();
+  }
+
+  // Frees the instance of a row unless a shape's pick is that instance (saved forwards may
+  // point at it).
+  void drop_unless_picked(const std::string& name) {
+    auto it = chosen_.find(name);
+    if (it == chosen_.end()) return;
+    for (const auto& [kk, be] : picks_)
+      if (be == it->second.get()) return;
+    chosen_.erase(it);
   }
 
   // The fastest of kTimed calls after warm-up, in microseconds of GPU time.
