@@ -164,6 +164,18 @@ int cmd_info(const std::string& model_path) {
     std::map<std::string, std::string> meta;
     Model m = load_model(p, &meta);
     std::cout << "model " << p << ":\n" << m.summary() << "\n";
+    // What Algo::Auto measured for the model's LSTM stacks (on this machine's GPUs).
+    std::map<std::string, Shape> shapes;
+    for (const auto& [name, t] : m.state_dict()) shapes[name] = t.shape();
+    const std::string first = "weight_ih_l0";
+    for (const auto& [name, shape] : shapes) {
+      if (name.size() < first.size() || name.compare(name.size() - first.size(), first.size(), first) != 0) continue;
+      const std::string prefix = name.substr(0, name.size() - first.size());
+      const std::vector<std::string> choices = lstm_auto_choices(LstmSpec::infer(shapes, prefix));
+      std::cout << "auto's choices for " << (prefix.empty() ? std::string("the LSTM") : prefix.substr(0, prefix.size() - 1))
+                << (choices.empty() ? ": none measured yet\n" : ":\n");
+      for (const auto& c : choices) std::cout << "  " << c << "\n";
+    }
     if (auto t = meta.find("lstm_engine.task"); t != meta.end()) std::cout << "task: " << t->second << "\n";
   }
   return 0;

@@ -263,6 +263,10 @@ std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const
 // make_lstm_backend for the row called `name` (options.algo is ignored).
 std::unique_ptr<LstmBackend> make_lstm_backend(const std::string& name, const LstmOptions& options,
                                                const LstmSpec& spec, DType dtype, Device device);
+// The choices Algo::Auto made for spec and kept in the choice file of `auto_cache` (see
+// LstmOptions::auto_cache), one line each: "<GPU> | <versions> | <spec> <dtype> | <shape>:
+// <picked backend> (<each backend's time>)". Empty when there are none or no file.
+std::vector<std::string> lstm_auto_choices(const LstmSpec& spec, const std::string& auto_cache = "");
 // Algorithms with a row in this binary, e.g. {Reference} on a CPU-only build.
 std::vector<Algo> available_algos();
 

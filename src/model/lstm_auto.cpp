@@ -39,6 +39,37 @@ std::string auto_cache_path(const std::string& setting) {
   return "";
 }
 
+std::string auto_spec_key(const LstmSpec& s) {
+  std::ostringstream os;
+  os << "I" << s.input_size << " H" << s.hidden_size << " L" << s.num_layers << (s.bidirectional ? " bi" : "") << " P"
+     << s.proj_size << (s.bias ? "" : " nobias") << (s.batch_first ? " batch_first" : "") << " dropout" << s.dropout;
+  return os.str();
+}
+
+std::vector<std::string> lstm_auto_choices(const LstmSpec& spec, const std::string& auto_cache) {
+  std::vector<std::string> lines;
+  const std::string path = auto_cache_path(auto_cache);
+  if (path.empty()) return lines;
+  std::ifstream in(path);
+  if (!in) return lines;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object()) return lines;
+  const std::string want = " | " + auto_spec_key(spec) + " ";
+  for (const auto& [key, v] : j.items()) {
+    if (key.find(want) == std::string::npos || !v.is_object() || !v.contains("pick") || !v["pick"].is_string())
+      continue;
+    std::string line = key + ": " + v["pick"].get<std::string>();
+    if (v.contains("us") && v["us"].is_object()) {
+      std::string times;
+      for (const auto& [row, us] : v["us"].items())
+        if (us.is_number()) times += (times.empty() ? "" : ", ") + row + " " + std::to_string(us.get<double>()) + " us";
+      if (!times.empty()) line += " (" + times + ")";
+    }
+    lines.push_back(line);
+  }
+  return lines;
+}
+
 #if LSTM_HAVE_CUDA
 namespace {
 
@@ -174,10 +205,7 @@ class AutoBackend final : public LstmBackend {
     std::string gpu = "?";
     for (const GpuInfo& g : cuda_devices())
       if (g.index == ctx.device_index) gpu = g.name;
-    const LstmSpec& s = spec();
-    os << gpu << " | " << cuda_versions() << " | I" << s.input_size << " H" << s.hidden_size << " L" << s.num_layers
-       << (s.bidirectional ? " bi" : "") << " P" << s.proj_size << (s.bias ? "" : " nobias")
-       << (s.batch_first ? " batch_first" : "") << " dropout" << s.dropout << ' ' << dtype_name(dtype())
+    os << gpu << " | " << cuda_versions() << " | " << auto_spec_key(spec()) << ' ' << dtype_name(dtype())
        << (options_.allow_tf32 ? " tf32" : "") << " graphs:" << graph_mode_name(options_.cuda_graphs) << " | B" << k[0]
        << " T" << k[1] << (k[2] ? " varlen" : "") << (k[3] ? " train" : " infer") << (k[4] ? " h0" : "");
     return os.str();

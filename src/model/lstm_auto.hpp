@@ -11,6 +11,9 @@ namespace lstm {
 std::unique_ptr<LstmBackend> make_auto_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
                                                     Device device);
 
+// The part of a choice's key that names the spec.
+std::string auto_spec_key(const LstmSpec& spec);
+
 // The file Algo::Auto keeps its choices in for `setting` (LstmOptions::auto_cache): "" when none.
 std::string auto_cache_path(const std::string& setting);
 
