@@ -40,16 +40,19 @@
 #include "cudnn/lstm_cudnn.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <functional>
+#include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "cudnn/cudnn_util.hpp"
 #include "cuda/exec.hpp"
+#include "cuda/graph_cache.hpp"
+#include "cuda/timing.hpp"
 #include "cudnn/lstm_cudnn_kernels.hpp"
 #include "lstm/device.hpp"
 
@@ -87,84 +90,9 @@ int algo_id(CudnnAlgo a) {
   }
   return kStandard;
 }
-// cudnn_heuristic_algo's answer (one of kAlgoNames) as an id.
-int algo_from_name(const std::string& name) {
-  for (int a = 0; a < 4; ++a)
-    if (name == kAlgoNames[a]) return a;
-  LSTM_THROW("not a cuDNN algorithm: '" << name << "'");
-}
-
-// ---- CUDA graphs of cuDNN calls (LstmOptions::cuda_graphs) ----
-constexpr GraphMode kGraphsAuto = GraphMode::Auto, kGraphsOn = GraphMode::On, kGraphsOff = GraphMode::Off;
-
-// Owning handles (destroying an executable graph that is still running frees it when it ends;
-// events also time cudnn_algo "auto"'s candidates).
-struct GraphExec {
-  cudaGraphExec_t h = nullptr;
-  GraphExec() = default;
-  GraphExec(const GraphExec&) = delete;
-  GraphExec& operator=(const GraphExec&) = delete;
-  GraphExec(GraphExec&& o) noexcept : h(o.h) { o.h = nullptr; }
-  GraphExec& operator=(GraphExec&& o) noexcept {
-    std::swap(h, o.h);
-    return *this;
-  }
-  ~GraphExec() {
-    if (h) cudaGraphExecDestroy(h);
-  }
-};
-struct Event {
-  cudaEvent_t h = nullptr;
-  Event() { LSTM_CUDA_CHECK(cudaEventCreate(&h)); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() {
-    if (h) cudaEventDestroy(h);
-  }
-};
-
-// One captured piece of cuDNN work: every buffer its kernels were recorded with (the cache's own
-// input buffers included) and the executable graph.
-struct GraphEntry {
-  std::vector<const void*> key;
-  GraphExec exec;
-  uint64_t last_use = 0;
-};
-
-// The graphs of one kind of call (inference forward, training forward, backward) for one content
-// of the data descriptors (T and lengths): a graph holds the kernels' arguments as cuDNN derived
-// them from the descriptors and the buffers.
-struct GraphCache {
-  // kTrial ("auto"): replaying, until a measured replay says whether graphs beat eager calls.
-  enum State { kUndecided, kTrial, kReplay, kEager };
-  State state = kUndecided;
-  int eager_calls = 0;
-  // "auto" measures kSamples eager calls (from the second on: host time to issue each, GPU time
-  // between two events), then kSamples replays (from the second on: GPU time).
-  struct Mark {
-    std::unique_ptr<Event> begin, end;
-    double host_us = 0;
-  };
-  std::vector<Mark> marks;
-  double eager_us = 0;  // the fastest measured eager call's GPU time
-  // The cache's own input buffers (x; d_output and x for a backward), copied into before each
-  // replay, so the caller's inputs may live anywhere.
-  std::vector<cuda::DeviceBuffer> stages;
-  std::vector<GraphEntry> entries;
-  uint64_t clock = 0;
-  int captures = 0, replays = 0;
-};
-// Graphs kept per cache; a call whose buffers match none is captured anew (the least recently
-// used graph goes when the cache is full).
-constexpr size_t kMaxGraphs = 8;
-// Calls "auto" measures each way (eager, then replayed) before it keeps graphs or not.
-constexpr size_t kSamples = 3;
-
-// An input a replay reads from a cache buffer: its size and how to fill it (on the engine stream).
-struct Staged {
-  size_t bytes;
-  std::function<void(void* dst)> fill;
-};
+// cudnn_heuristic_algo as an id (the per-call path builds no string).
+int heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths, bool training,
+                   int cc_major, int cc_minor, int sms);
 
 // ---- RAII for cuDNN descriptors ----
 template <class H, cudnnStatus_t (*Create)(H*), cudnnStatus_t (*Destroy)(H)>
@@ -268,6 +196,16 @@ void check_accepts(cudnnStatus_t st, int algo, const CaseText& what_case, const 
 }
 #define LSTM_CUDNN_ACCEPTS(expr, algo, what_case, call) \
   check_accepts((expr), (algo), (what_case), (call), __FILE__, __LINE__, #expr)
+
+// What a cuDNN call issued under stream capture returned, as the graph runner takes it: "" or why
+// the capture failed, with cuDNN's own detail.
+std::string under_capture(cudnnStatus_t st) {
+  if (st == CUDNN_STATUS_SUCCESS) return "";
+  char detail[512] = {0};
+  cudnnGetLastErrorString(detail, sizeof(detail));
+  return std::string("cuDNN under stream capture returned ") + cudnnGetErrorString(st) +
+         (detail[0] ? std::string(" (") + detail + ")" : std::string());
+}
 
 cudnnDataType_t data_type(DType dt) {
   switch (dt) {
@@ -396,8 +334,10 @@ struct DataDescs {
     size_t ws, rs;
   };
   std::vector<Sizes> sizes;
-  GraphCache graphs;  // inference only
+  cuda::GraphCache graphs;  // inference only
 };
+
+enum class TrainCall { Forward, Backward };
 
 // ---- A plan: everything that depends on (spec, dtype, algorithm, batch) but not on the lengths ----
 struct Plan {
@@ -418,9 +358,16 @@ struct Plan {
   // across steps and cost a cudaMalloc after warm-up in GpuTraining tests).
   DataDescs infer;
   CaseText what;                              // case_str without batch
-  // Graph caches of training calls, per kind and descriptor content ("f" or "b", T, lengths): a
-  // training call's descriptors are its own, so their caches live here.
-  std::map<std::string, GraphCache> train_graphs;
+  // Graph caches of training calls, per kind and descriptor content (T, lengths): a training
+  // call's descriptors are its own, so their caches live here. A list (at most 16): std::deque
+  // keeps the references train_cache hands out valid while it grows.
+  struct TrainGraphs {
+    TrainCall kind;
+    int64_t T;
+    std::vector<int32_t> lengths;
+    cuda::GraphCache graphs;
+  };
+  std::deque<TrainGraphs> train_graphs;
 };
 
 void set_rnn_desc(cudnnRNNDescriptor_t d, int algo, const LstmSpec& s, DType dt, bool allow_tf32,
@@ -470,11 +417,16 @@ std::string unsupported(const LstmSpec& spec, DType dtype, Device device, int al
 class CudnnBackend final : public LstmBackend {
  public:
   CudnnBackend(const LstmSpec& spec, DType dtype, Device device, const LstmOptions& o)
-      : LstmBackend(spec, dtype, device), options_(o), algo_(algo_id(o.cudnn_algo)), graphs_(o.cuda_graphs) {}
+      : LstmBackend(spec, dtype, device),
+        options_(o),
+        algo_(algo_id(o.cudnn_algo)),
+        graphs_(o.cuda_graphs, "cuDNN graphs"),
+        param_names_(spec.param_names()) {
+    for (const auto& n : param_names_) param_shapes_.push_back(spec.param_shape(n));
+  }
   ~CudnnBackend() override {
-    plans_.clear();  // their graphs first
+    plans_.clear();  // their graphs before the runner's capture stream
     last_plan_.reset();
-    if (capture_stream_) cudaStreamDestroy(capture_stream_);
   }
   CudnnBackend(const CudnnBackend&) = delete;
   CudnnBackend& operator=(const CudnnBackend&) = delete;
@@ -485,12 +437,13 @@ class CudnnBackend final : public LstmBackend {
   }
   // "cudnn:<the algorithm that ran>, <replayed|eager>".
   std::string last_run() const override {
-    if (last_algo_.empty()) return "";
-    return "cudnn:" + last_algo_ + (last_graph_.empty() ? std::string() : ", " + last_graph_);
+    if (!*last_algo_) return "";
+    const std::string how = graphs_.last();
+    return std::string("cudnn:") + last_algo_ + (how.empty() ? std::string() : ", " + how);
   }
-  std::string log() const override { return auto_log_ + graph_log_; }
+  std::string log() const override { return auto_log_ + graphs_.log(); }
   bool settled() const override { return settled_fwd_ && settled_bwd_; }
-  GraphCounts graph_counts() const override { return counts_; }
+  GraphCounts graph_counts() const override { return graphs_.counts(); }
 
   FlatLayout flat_layout(DType dtype) const override {
     // "auto" may run any algorithm; every one is handed the standard layout and copies when its
@@ -515,7 +468,8 @@ class CudnnBackend final : public LstmBackend {
     const bool train_mode = saved != nullptr || with_dropout;
     if (with_dropout) ensure_dropout(spec.dropout, rng);
 
-    std::vector<int32_t> len(static_cast<size_t>(B), static_cast<int32_t>(T));
+    std::vector<int32_t>& len = len_;
+    len.assign(static_cast<size_t>(B), static_cast<int32_t>(T));
     for (size_t b = 0; b < in.lengths.size(); ++b) len[b] = static_cast<int32_t>(in.lengths[b]);
 
     int a = algo_;
@@ -524,8 +478,7 @@ class CudnnBackend final : public LstmBackend {
       bool varlen = false;
       for (int32_t l : len) varlen = varlen || l < T;
       const cudaDeviceProp& prop = cuda::device_prop();
-      a = algo_from_name(
-          cudnn_heuristic_algo(spec, dt, T, B, varlen, train_mode, prop.major, prop.minor, prop.multiProcessorCount));
+      a = heuristic_algo(spec, dt, T, B, varlen, train_mode, prop.major, prop.minor, prop.multiProcessorCount);
     }
     std::shared_ptr<Plan> plan = get_plan(spec, dt, a, B, packs(spec, T, len));
 
@@ -565,7 +518,7 @@ class CudnnBackend final : public LstmBackend {
     const void* cx = in.c0.defined() ? in.c0.raw() : nullptr;
     if (with_dropout) {
       // cuDNN's dropout state advances inside cuDNN from call to call: not captured.
-      last_graph_ = "eager";
+      graphs_.ran_eager();
       settled_fwd_ = true;
       run_forward(*plan, dropout_rnn(*plan), *dd, true, x.raw(), out.output.raw(), hx, out.h_n.raw(), cx,
                   out.c_n.raw(), w, &reserve, &rs, T, B);
@@ -609,12 +562,12 @@ class CudnnBackend final : public LstmBackend {
     const DType dt = sv->dtype;
     Plan& plan = *sv->plan;
     DataDescs& dd = *sv->data;
-    const auto names = spec.param_names();
+    const auto& names = param_names_;
     LSTM_REQUIRE(weights.size() == names.size() && d_weights.size() == names.size(),
                  "cuDNN LSTM backward: expected " << names.size() << " weight and gradient tensors, got "
                                                   << weights.size() << " and " << d_weights.size());
     for (size_t i = 0; i < names.size(); ++i) {
-      const Shape want = spec.param_shape(names[i]);
+      const Shape& want = param_shapes_[i];
       LSTM_REQUIRE(weights[i].defined() && weights[i].shape() == want && weights[i].dtype() == dt &&
                        weights[i].device() == Device::CUDA,
                    "cuDNN LSTM backward: weight '" << names[i] << "' must be a CUDA " << dtype_name(dt) << " "
@@ -686,12 +639,15 @@ class CudnnBackend final : public LstmBackend {
       else
         copy_device(dst, grad.d_output.raw(), dy_bytes);
     };
-    GraphCache* gc = sv->dropout ? nullptr : &train_cache(plan, 'b', T, dd.lengths);
+    cuda::GraphCache* gc = sv->dropout ? nullptr : &train_cache(plan, TrainCall::Backward, T, dd.lengths);
+    auto fill_x = [&](void* dst) { copy_device(dst, sv->x.raw(), sv->x.nbytes()); };
+    auto graphed_issue = [&](std::span<void* const> st) {
+      return under_capture(issue(cuda::cudnn_handle(), st[0], st[1]));
+    };
+    auto describe = [&] { return what.text() + ", backward, " + kAlgoNames[plan.algo]; };
     const bool graphed =
-        gc && run_graph(*gc, {dev_len, sv->y.raw(), hx, cx, dhy, dcy, r.d_x.raw(), dhx, dcx, w, dw, wsp, reserve},
-                        {{dy_bytes, fill_dy}, {sv->x.nbytes(), [&](void* dst) { copy_device(dst, sv->x.raw(), sv->x.nbytes()); }}},
-                        [&](cudnnHandle_t h, const std::vector<void*>& st) { return issue(h, st[0], st[1]); },
-                        what.text() + ", backward, " + kAlgoNames[plan.algo]);
+        gc && graphs_.replay(*gc, {dev_len, sv->y.raw(), hx, cx, dhy, dcy, r.d_x.raw(), dhx, dcx, w, dw, wsp, reserve},
+                             {{dy_bytes, fill_dy}, {sv->x.nbytes(), fill_x}}, graphed_issue, describe);
     if (!graphed) {
       Tensor dy = grad.d_output;
       if (!dy.defined() || dd.padded) {
@@ -703,13 +659,13 @@ class CudnnBackend final : public LstmBackend {
                            "cudnnRNNBackwardData_v8 / cudnnRNNBackwardWeights_v8");
       };
       if (gc) {
-        run_eager(*gc, eager);
+        graphs_.eager(*gc, eager);
       } else {
-        last_graph_ = "eager";
+        graphs_.ran_eager();
         eager();
       }
     }
-    settled_bwd_ = settled(gc);
+    settled_bwd_ = graphs_.settled(gc);
     if (!dw_in_place)
       for (size_t i = 0; i < names.size(); ++i)
         cuda::add_into(d_weights[i].raw(), dt, static_cast<const char*>(dw) + plan.layout.offsets[i], dt,
@@ -754,241 +710,27 @@ class CudnnBackend final : public LstmBackend {
       return cudnnRNNForward(h, p.rnn.get(), CUDNN_FWD_MODE_TRAINING, dev_len, dd.x.get(), xp, dd.y.get(), y,
                              p.hdesc.get(), hx, hy, p.cdesc.get(), cx, cy, p.layout.bytes, w, ws, wsp, rs, rsp);
     };
-    GraphCache& gc = train_cache(p, 'f', T, len);
-    if (run_graph(gc, {dev_len, hx, cx, w, wsp, y, hy, cy, rsp},
-                  {{x.nbytes(), [&](void* dst) { copy_device(dst, x.raw(), x.nbytes()); }}},
-                  [&](cudnnHandle_t h, const std::vector<void*>& st) { return issue(h, st[0]); },
-                  what.text() + ", training forward, " + kAlgoNames[p.algo])) {
-      settled_fwd_ = settled(&gc);
+    cuda::GraphCache& gc = train_cache(p, TrainCall::Forward, T, len);
+    auto fill_x = [&](void* dst) { copy_device(dst, x.raw(), x.nbytes()); };
+    auto graphed = [&](std::span<void* const> st) { return under_capture(issue(cuda::cudnn_handle(), st[0])); };
+    auto describe = [&] { return what.text() + ", training forward, " + kAlgoNames[p.algo]; };
+    if (graphs_.replay(gc, {dev_len, hx, cx, w, wsp, y, hy, cy, rsp}, {{x.nbytes(), fill_x}}, graphed, describe)) {
+      settled_fwd_ = graphs_.settled(&gc);
       return;
     }
-    run_eager(gc, [&] { LSTM_CUDNN_ACCEPTS(issue(cuda::cudnn_handle(), x.raw()), p.algo, what, "cudnnRNNForward"); });
-    settled_fwd_ = settled(&gc);
+    graphs_.eager(gc, [&] { LSTM_CUDNN_ACCEPTS(issue(cuda::cudnn_handle(), x.raw()), p.algo, what, "cudnnRNNForward"); });
+    settled_fwd_ = graphs_.settled(&gc);
   }
 
-  // ---- CUDA graphs (LstmOptions::cuda_graphs) ----
-
-  // Runs `eager` (one call's cuDNN work on the engine stream), measuring it when it is one of the
-  // measured calls of an undecided cache under "auto" (the second to the (kSamples+1)-th).
-  void run_eager(GraphCache& gc, const std::function<void()>& eager) {
-    last_graph_ = "eager";
-    const bool measure = graphs_ == kGraphsAuto && gc.state == GraphCache::kUndecided && gc.eager_calls >= 1 &&
-                         gc.marks.size() < kSamples;
-    ++gc.eager_calls;
-    if (!measure) {
-      eager();
-      return;
-    }
-    GraphCache::Mark& m = begin_mark(gc);
-    const auto t0 = std::chrono::steady_clock::now();
-    eager();
-    m.host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    LSTM_CUDA_CHECK(cudaEventRecord(m.end->h, cuda::stream()));
-  }
-
-  static GraphCache::Mark& begin_mark(GraphCache& gc) {
-    gc.marks.emplace_back();
-    GraphCache::Mark& m = gc.marks.back();
-    m.begin = std::make_unique<Event>();
-    m.end = std::make_unique<Event>();
-    LSTM_CUDA_CHECK(cudaEventRecord(m.begin->h, cuda::stream()));
-    return m;
-  }
-
-  // The fastest GPU time (and host time) of kSamples marks, once all of them have happened
-  // (false before: never waits).
-  static bool fastest(const GraphCache& gc, double* gpu_us, double* host_us) {
-    if (gc.marks.size() < kSamples) return false;
-    const cudaError_t q = cudaEventQuery(gc.marks.back().end->h);
-    if (q == cudaErrorNotReady) return false;
-    LSTM_CUDA_CHECK(q);
-    *gpu_us = *host_us = 1e300;
-    for (const auto& m : gc.marks) {
-      float ms = 0;
-      LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, m.begin->h, m.end->h));
-      *gpu_us = std::min(*gpu_us, 1e3 * static_cast<double>(ms));
-      *host_us = std::min(*host_us, m.host_us);
-    }
-    return true;
-  }
-
-  // Runs one call through `gc` as a graph when the cache replays: the stages are filled, then the
-  // graph recorded for `key` (capturing `issue` first when none is) is launched. False when the
-  // call is to run eagerly (graphs off, undecided, eager, or given up just now). `issue` makes the
-  // cuDNN calls on the handle it gets, reading the stage buffers it gets.
-  bool run_graph(GraphCache& gc, std::vector<const void*> key, const std::vector<Staged>& stages,
-                 const std::function<cudnnStatus_t(cudnnHandle_t, const std::vector<void*>&)>& issue,
-                 const std::string& what) {
-    if (graphs_ == kGraphsOff || gc.state == GraphCache::kEager) return false;
-    // The stages are taken on a cache's first call, so that the calls after warm-up allocate
-    // nothing (a training loop's steps never call cudaMalloc); a cache that goes eager returns them.
-    size_t staged_bytes = 0;
-    if (gc.stages.size() != stages.size()) gc.stages.resize(stages.size());
-    std::vector<void*> bufs;
-    for (size_t i = 0; i < stages.size(); ++i) {
-      staged_bytes += stages[i].bytes;
-      gc.stages[i].ensure(std::max<size_t>(stages[i].bytes, 1));
-      bufs.push_back(gc.stages[i].get());
-      key.push_back(bufs.back());
-    }
-    if (gc.state == GraphCache::kUndecided) decide(gc, staged_bytes, what);
-    if (gc.state == GraphCache::kTrial) judge_trial(gc, what);
-    if (gc.state == GraphCache::kEager) gc.stages.clear();
-    if (gc.state != GraphCache::kReplay && gc.state != GraphCache::kTrial) return false;
-    GraphEntry* hit = nullptr;
-    for (auto& e : gc.entries)
-      if (e.key == key) hit = &e;
-    const bool was_hit = hit != nullptr;
-    if (hit) {
-      ++gc.replays;
-      ++counts_.replays;
-    } else {
-      // A capture costs about an eager call's host time and more: a cache that keeps capturing
-      // (buffers that cycle through more sets than it keeps) is slower than eager calls.
-      if (gc.captures >= static_cast<int>(2 * kMaxGraphs) && 4 * gc.captures > gc.replays) {
-        give_up_graphs(gc, what, "the output, h0/c0 or reserve buffers change too often");
-        return false;
-      }
-      if (gc.entries.size() >= kMaxGraphs)
-        gc.entries.erase(std::min_element(gc.entries.begin(), gc.entries.end(),
-                                          [](const GraphEntry& a, const GraphEntry& b) { return a.last_use < b.last_use; }));
-      GraphEntry e;
-      e.key = std::move(key);
-      const std::string why = capture([&](cudnnHandle_t h) { return issue(h, bufs); }, e.exec);
-      if (!why.empty()) {
-        give_up_graphs(gc, what, why);
-        return false;
-      }
-      ++gc.captures;
-      ++counts_.captures;
-      gc.entries.push_back(std::move(e));
-      hit = &gc.entries.back();
-    }
-    hit->last_use = ++gc.clock;
-    // The trial times kSamples replays of graphs captured on an earlier call, copies included.
-    const bool measure = gc.state == GraphCache::kTrial && was_hit && gc.marks.size() < kSamples;
-    if (measure) begin_mark(gc);
-    for (size_t i = 0; i < stages.size(); ++i) stages[i].fill(bufs[i]);
-    LSTM_CUDA_CHECK(cudaGraphLaunch(hit->exec.h, cuda::stream()));
-    if (measure) LSTM_CUDA_CHECK(cudaEventRecord(gc.marks.back().end->h, cuda::stream()));
-    last_graph_ = "replayed";
-    return true;
-  }
-
-  // "auto"'s second look: the measured replays against the measured eager calls, the fastest of
-  // each. Graphs stay when a replay took no longer than an eager call's GPU time (which, where the
-  // host sets the pace, includes the GPU's waiting for it). A guard: on the H200 graphs ran up to
-  // 1.9x slower than eager calls while most calls captured anew (the arena then cycled outputs
-  // through every cached block of their size, docs/PERFORMANCE.md); nothing says a replay cannot
-  // lose for another reason on another GPU or cuDNN.
-  void judge_trial(GraphCache& gc, const std::string& what) {
-    double graph_us = 0, host_us = 0;
-    if (!fastest(gc, &graph_us, &host_us)) return;
-    gc.marks.clear();
-    const bool keep = graph_us <= gc.eager_us;
-    std::ostringstream os;
-    os << "cuDNN graphs (" << what << "): the fastest of " << kSamples << " replays took " << graph_us
-       << " us against " << gc.eager_us << " us for the fastest eager call: " << (keep ? "replay" : "eager") << '\n';
-    note_graph(os.str());
-    if (keep) {
-      gc.state = GraphCache::kReplay;
-    } else {
-      gc = GraphCache();
-      gc.state = GraphCache::kEager;
-    }
-  }
-
-  // Moves an undecided cache on when it can (never waits for the GPU): "on" to replay, "auto" to
-  // eager or to a trial of graphs (cuda_graphs_first_look; judge_trial has the last word).
-  void decide(GraphCache& gc, size_t staged_bytes, const std::string& what) {
-    if (graphs_ == kGraphsOn) {
-      if (gc.eager_calls >= 1) gc.state = GraphCache::kReplay;
-      return;
-    }
-    double gpu_us = 0, host_us = 0;
-    if (!fastest(gc, &gpu_us, &host_us)) return;
-    if (copy_gbs_ < 0) copy_gbs_ = device_copy_gbs();  // here, not in the constructor: a GPU is there
-    const GraphFirstLook look = cuda_graphs_first_look(host_us, gpu_us, staged_bytes, copy_gbs_);
-    gc.state = look.try_graphs() ? GraphCache::kTrial : GraphCache::kEager;
-    gc.eager_us = gpu_us;
-    gc.marks.clear();
-    std::ostringstream os;
-    os << "cuDNN graphs (" << what << "): the fastest of " << kSamples << " eager calls: host " << host_us
-       << " us to issue, GPU " << gpu_us << " us, copies into the graph's inputs about " << look.copy_us
-       << " us: " << (gc.state == GraphCache::kTrial ? "try graphs" : "eager") << '\n';
-    note_graph(os.str());
-  }
-
-  // What "auto" counts a device copy at: 80% of the device's theoretical memory bandwidth (an
-  // H200 copied at 4245 of its 4814 GB/s, bytes read + written). 0 (the rule's fallback) when
-  // the device does not say.
-  static double device_copy_gbs() {
-    int dev = 0;
-    LSTM_CUDA_CHECK(cudaGetDevice(&dev));
-    for (const GpuInfo& g : cuda_devices())
-      if (g.index == dev) return 0.8 * g.memory_bandwidth_gbs;
-    return 0;
-  }
-
-  void give_up_graphs(GraphCache& gc, const std::string& what, const std::string& why) {
-    gc = GraphCache();
-    gc.state = GraphCache::kEager;
-    note_graph("cuDNN graphs (" + what + "): eager from now on: " + why + '\n');
-  }
-
-  // Records issue(handle) into `out` on a stream of our own (the legacy default stream cannot be
-  // captured). Returns why it failed ("" on success).
-  std::string capture(const std::function<cudnnStatus_t(cudnnHandle_t)>& issue, GraphExec& out) {
-    if (!capture_stream_) LSTM_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
-    cudnnHandle_t h = cuda::cudnn_handle();
-    LSTM_CUDA_CHECK(cudnnSetStream(h, capture_stream_));
-    // Thread-local mode: a call cuDNN may not make while capturing (a synchronisation, an
-    // allocation) fails the capture instead of running outside the graph.
-    const cudaError_t begin = cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal);
-    cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
-    char detail[512] = {0};
-    if (begin == cudaSuccess) {
-      st = issue(h);
-      if (st != CUDNN_STATUS_SUCCESS) cudnnGetLastErrorString(detail, sizeof(detail));
-    }
-    cudaGraph_t g = nullptr;
-    const cudaError_t end = begin == cudaSuccess ? cudaStreamEndCapture(capture_stream_, &g) : begin;
-    LSTM_CUDA_CHECK(cudnnSetStream(h, cuda::stream()));
-    std::string why;
-    if (begin != cudaSuccess)
-      why = std::string("cudaStreamBeginCapture failed: ") + cudaGetErrorString(begin);
-    else if (st != CUDNN_STATUS_SUCCESS)
-      why = std::string("cuDNN under stream capture returned ") + cudnnGetErrorString(st) +
-            (detail[0] ? std::string(" (") + detail + ")" : std::string());
-    else if (end != cudaSuccess || !g)
-      why = std::string("cudaStreamEndCapture failed: ") + cudaGetErrorString(end);
-    if (why.empty()) {
-      const cudaError_t inst = cudaGraphInstantiate(&out.h, g, 0);
-      if (inst != cudaSuccess) why = std::string("cudaGraphInstantiate failed: ") + cudaGetErrorString(inst);
-    }
-    if (g) cudaGraphDestroy(g);
-    if (!why.empty()) {
-      (void)cudaGetLastError();  // the failed capture's error must not be blamed on a later call
-      return why;
-    }
-    LSTM_CUDA_CHECK(cudaGraphUpload(out.h, cuda::stream()));
-    return "";
-  }
-
-  void note_graph(const std::string& line) {
-    // Bounded: a process that keeps changing shapes would otherwise grow it without end.
-    if (graph_log_.size() > (1u << 16)) graph_log_.erase(0, graph_log_.size() / 2);
-    graph_log_ += line;
-  }
-
-  // The cache of a training call's kind ('f' forward, 'b' backward) for T and these lengths.
-  static GraphCache& train_cache(Plan& p, char kind, int64_t T, const std::vector<int32_t>& len) {
-    std::string k(1, kind);
-    k += std::to_string(T);
-    for (int32_t l : len) k += ',' + std::to_string(l);
+  // The cache of a training call's kind for T and these lengths (compared as they are: no key
+  // is built per call).
+  static cuda::GraphCache& train_cache(Plan& p, TrainCall kind, int64_t T, const std::vector<int32_t>& len) {
+    for (auto& c : p.train_graphs)
+      if (c.kind == kind && c.T == T && c.lengths == len) return c.graphs;
     // Lengths that change on every batch would pile caches up (none of which ever replays).
-    if (p.train_graphs.size() >= 16 && !p.train_graphs.count(k)) p.train_graphs.clear();
-    return p.train_graphs[k];
+    if (p.train_graphs.size() >= 16) p.train_graphs.clear();
+    p.train_graphs.push_back({kind, T, len, cuda::GraphCache()});
+    return p.train_graphs.back().graphs;
   }
 
   // The inference call: replayed, or issued eagerly.
@@ -1008,11 +750,11 @@ class CudnnBackend final : public LstmBackend {
       return cudnnRNNForward(h, p.rnn.get(), CUDNN_FWD_MODE_INFERENCE, dev_len, dd.x.get(), x, dd.y.get(), y,
                              p.hdesc.get(), hx, hy, p.cdesc.get(), cx, cy, p.layout.bytes, w, ws, wsp, 0, nullptr);
     };
-    if (run_graph(dd.graphs, {dev_len, hx, cx, w, wsp, y, hy, cy},
-                  {{in.x.nbytes(), [&](void* dst) { stage_x(p, dd, in.x, dst, T, B); }}},
-                  [&](cudnnHandle_t h, const std::vector<void*>& st) { return issue(h, st[0]); },
-                  what.text() + ", inference, " + kAlgoNames[p.algo])) {
-      settled_fwd_ = settled(&dd.graphs);
+    auto fill_x = [&](void* dst) { stage_x(p, dd, in.x, dst, T, B); };
+    auto graphed = [&](std::span<void* const> st) { return under_capture(issue(cuda::cudnn_handle(), st[0])); };
+    auto describe = [&] { return what.text() + ", inference, " + kAlgoNames[p.algo]; };
+    if (graphs_.replay(dd.graphs, {dev_len, hx, cx, w, wsp, y, hy, cy}, {{in.x.nbytes(), fill_x}}, graphed, describe)) {
+      settled_fwd_ = graphs_.settled(&dd.graphs);
       return;
     }
     Tensor x = in.x;
@@ -1020,26 +762,13 @@ class CudnnBackend final : public LstmBackend {
       x = Tensor::empty(in.x.shape(), p.dtype, Device::CUDA);
       stage_x(p, dd, in.x, x.raw(), T, B);
     }
-    run_eager(dd.graphs, [&] {
+    graphs_.eager(dd.graphs, [&] {
       LSTM_CUDNN_ACCEPTS(issue(cuda::cudnn_handle(), x.raw()), p.algo, what, "cudnnRNNForward");
     });
-    settled_fwd_ = settled(&dd.graphs);
-  }
-
-  // Whether a cache has made its graph decision (so later calls run as the steady state will).
-  bool settled(const GraphCache* gc) const {
-    return !gc || graphs_ == kGraphsOff || gc->state == GraphCache::kReplay || gc->state == GraphCache::kEager;
+    settled_fwd_ = graphs_.settled(&dd.graphs);
   }
 
   // ---- Plans ----
-  std::string plan_key(const LstmSpec& s, DType dt, int a, int64_t B, bool packed = false) const {
-    std::ostringstream os;
-    os << s.input_size << ',' << s.hidden_size << ',' << s.num_layers << ',' << s.bidirectional << ',' << s.proj_size
-       << ',' << s.bias << ',' << s.batch_first << ',' << s.dropout << ',' << static_cast<int>(dt) << ',' << a << ','
-       << B << ',' << packed;
-    return os.str();
-  }
-
   // Whether a call takes the packed layout (see Plan::packed).
   static bool packs(const LstmSpec& s, int64_t T, const std::vector<int32_t>& len) {
     if (s.batch_first) return false;
@@ -1052,9 +781,8 @@ class CudnnBackend final : public LstmBackend {
     // The previous call's plan, without building a key (host time is what launch-bound cases wait for).
     const Plan* lp = last_plan_.get();
     if (lp && lp->algo == a && lp->B == B && lp->packed == packed && lp->dtype == dt && lp->spec == s) return last_plan_;
-    const std::string key = plan_key(s, dt, a, B, packed);
-    auto it = plans_.find(key);
-    if (it != plans_.end()) return last_plan_ = it->second;
+    for (const auto& q : plans_)
+      if (q->algo == a && q->B == B && q->packed == packed && q->dtype == dt && q->spec == s) return last_plan_ = q;
     // Shapes that come and go (e.g. the last partial batch) should not pile up; a saved forward
     // keeps its own plan alive.
     if (plans_.size() >= 32) {
@@ -1085,7 +813,7 @@ class CudnnBackend final : public LstmBackend {
     const int cdims[3] = {static_cast<int>(LD), static_cast<int>(B), static_cast<int>(s.hidden_size)};
     const int cstr[3] = {static_cast<int>(B * s.hidden_size), static_cast<int>(s.hidden_size), 1};
     LSTM_CUDA_CHECK(cudnnSetTensorNdDescriptor(p->cdesc.get(), data_type(dt), 3, cdims, cstr));
-    plans_[key] = p;
+    plans_.push_back(p);
     return last_plan_ = p;
   }
 
@@ -1116,7 +844,7 @@ class CudnnBackend final : public LstmBackend {
                                                     drop_states_.size(), drop_seed_));
       drop_p_ = p;
       // Descriptors made with the old probability must not be used again.
-      for (auto& [k, pl] : plans_) pl->rnn_drop.reset();
+      for (auto& pl : plans_) pl->rnn_drop.reset();
     }
   }
 
@@ -1160,7 +888,7 @@ class CudnnBackend final : public LstmBackend {
     dd.T = T;
     dd.padded = padded;
     dd.sizes.clear();
-    dd.graphs = GraphCache();
+    dd.graphs = cuda::GraphCache();
   }
 
   // Workspace and reserve sizes for a call with these descriptors (asked of cuDNN once).
@@ -1219,16 +947,15 @@ class CudnnBackend final : public LstmBackend {
            const LstmInput& in, const std::vector<Tensor>& weights) {
     bool padded = false;
     for (int32_t l : len) padded = padded || l < T;
-    std::ostringstream ks;
-    ks << plan_key(s, dt, 0, B) << ',' << T << ',' << train_mode << ',' << padded;
-    auto it = auto_choice_.find(ks.str());
+    const AutoKey key{static_cast<int>(dt), B, T, train_mode, padded};
+    auto it = auto_choice_.find(key);
     if (it != auto_choice_.end()) return it->second;
 
     std::ostringstream log;
     log << "cuDNN auto (" << case_str(s, dt, B, T, padded).text() << ", " << (train_mode ? "training" : "inference") << "):";
     int best = -1;
     float best_ms = 0;
-    const Event e0, e1;
+    const cuda::Event e0, e1;
     const int64_t LD = s.num_layers * s.directions();
     Tensor x = in.x;
     if (padded) x = Tensor::zeros(in.x.shape(), dt, Device::CUDA);  // timing only: values do not matter
@@ -1280,13 +1007,13 @@ class CudnnBackend final : public LstmBackend {
                              a, what, "cudnnRNNBackwardWeights_v8");
         };
         once();  // warm-up; also where a rejection at call time shows
-        LSTM_CUDA_CHECK(cudaEventRecord(e0.h, cuda::stream()));
+        LSTM_CUDA_CHECK(cudaEventRecord(e0.get(), cuda::stream()));
         const int reps = 3;
         for (int r = 0; r < reps; ++r) once();
-        LSTM_CUDA_CHECK(cudaEventRecord(e1.h, cuda::stream()));
-        LSTM_CUDA_CHECK(cudaEventSynchronize(e1.h));
+        LSTM_CUDA_CHECK(cudaEventRecord(e1.get(), cuda::stream()));
+        LSTM_CUDA_CHECK(cudaEventSynchronize(e1.get()));
         float ms = 0;
-        LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0.h, e1.h));
+        LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
         ms /= reps;
         log << ' ' << kAlgoNames[a] << ' ' << ms << " ms;";
         if (best < 0 || ms < best_ms) {
@@ -1300,27 +1027,33 @@ class CudnnBackend final : public LstmBackend {
     LSTM_CHECK(best >= 0, "cuDNN auto: no algorithm accepted the case, not even standard");
     log << " picked " << kAlgoNames[best] << '\n';
     auto_log_ += log.str();
-    auto_choice_[ks.str()] = best;
+    auto_choice_[key] = best;
     return best;
   }
 
   LstmOptions options_;
   int algo_;
-  GraphMode graphs_;
-  double copy_gbs_ = -1;  // device_copy_gbs() once "auto" first needs it
-  cudaStream_t capture_stream_ = nullptr;
-  bool settled_fwd_ = true, settled_bwd_ = true;  // see graphs_settled()
-  GraphCounts counts_;
+  cuda::GraphRunner graphs_;  // declared before the plans, whose graphs it captured
+  // spec()'s, made once: the per-call checks compare shapes without formatting names.
+  std::vector<std::string> param_names_;
+  std::vector<Shape> param_shapes_;
+  bool settled_fwd_ = true, settled_bwd_ = true;  // see settled()
   // Declared before the plans: RNN descriptors made with these must go first.
   std::unique_ptr<DropoutDesc> nodrop_, drop_;
   cuda::DeviceBuffer drop_states_;
   unsigned long long drop_seed_ = 0;
   double drop_p_ = 0;
-  std::map<std::string, std::shared_ptr<Plan>> plans_;
+  // At most 32, searched in order (compared field by field: no key is built per call).
+  std::vector<std::shared_ptr<Plan>> plans_;
   std::shared_ptr<Plan> last_plan_;  // one of plans_
-  std::map<std::string, int> auto_choice_;
+  // cudnn_algo "auto"'s picks per (dtype, batch, steps, training, variable lengths); the spec is
+  // the instance's.
+  using AutoKey = std::tuple<int, int64_t, int64_t, bool, bool>;
+  std::map<AutoKey, int> auto_choice_;
+  std::vector<int32_t> len_;  // the call's lengths, reused so that a call allocates no vector
   cuda::DeviceBuffer workspace_, w_copy_, dw_scratch_;
-  std::string last_algo_, auto_log_, last_graph_, graph_log_;
+  const char* last_algo_ = "";  // kAlgoNames[the algorithm of the last call]
+  std::string auto_log_;
 };
 
 std::string unsupported(const LstmSpec& spec, DType dtype, Device device, int algo, bool allow_tf32) {
@@ -1394,26 +1127,23 @@ std::string cudnn_algo_summary(CudnnAlgo a) {
 
 bool cudnn_algo_varlen(CudnnAlgo a) { return a == CudnnAlgo::Standard || a == CudnnAlgo::Heuristic || a == CudnnAlgo::Auto; }
 
-GraphFirstLook cuda_graphs_first_look(double host_us, double gpu_us, size_t staged_bytes, double copy_gbs) {
-  GraphFirstLook r;
-  const double gbs = copy_gbs > 0 ? copy_gbs : 1000.0;
-  r.copy_us = 2.0 * static_cast<double>(staged_bytes) / (gbs * 1e3);  // GB/s = 1e3 bytes per us
-  r.host_bound = host_us >= 0.5 * gpu_us;
-  r.cheap_copy = r.copy_us <= 0.05 * gpu_us;
-  return r;
-}
-
 std::string cudnn_heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths,
                                  bool training, int cc_major, int cc_minor, int sms) {
+  return kAlgoNames[heuristic_algo(spec, dtype, T, B, variable_lengths, training, cc_major, cc_minor, sms)];
+}
+
+namespace {
+int heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths, bool training,
+                   int cc_major, int cc_minor, int sms) {
   // Where cuDNN 9 refuses every persistent algorithm (measured on cuDNN 9.19, see the tests).
-  if (variable_lengths || spec.proj_size > 0 || !spec.bias || dtype == DType::F64) return "standard";
+  if (variable_lengths || spec.proj_size > 0 || !spec.bias || dtype == DType::F64) return kStandard;
   // The backward pass takes persist_static_small_h only up to hidden 128; a training forward
   // must use the algorithm its backward will.
-  if (cc_major >= 6 && spec.hidden_size <= (training ? 128 : 192)) return "persist_static_small_h";
-  if (dtype != DType::F16) return "standard";
+  if (cc_major >= 6 && spec.hidden_size <= (training ? 128 : 192)) return kPersistSmallH;
+  if (dtype != DType::F16) return kStandard;
   const bool shape_ok = spec.num_layers == 1 && !spec.bidirectional && spec.hidden_size <= 1024 &&
                         spec.hidden_size % 128 == 0 && spec.input_size % 128 == 0;
-  if (!shape_ok) return "standard";
+  if (!shape_ok) return kStandard;
   bool device_ok = false;
   if (cc_major == 7 && cc_minor != 5) {
     // Volta: batches that are multiples of 16 (but not 80 or 112) or exactly 8, long enough.
@@ -1423,7 +1153,8 @@ std::string cudnn_heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, i
     // Large Ampere and newer (not sm_86, not the 56-SM A30 class).
     device_ok = B % 8 == 0 && B <= 128;
   }
-  return device_ok ? "persist_static" : "standard";
+  return device_ok ? kPersistStatic : kStandard;
 }
+}  // namespace
 
 }  // namespace lstm
