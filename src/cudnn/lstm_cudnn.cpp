@@ -16,22 +16,18 @@
 // space, which cuDNN adds into); otherwise the tensors are copied into a cached weight space and
 // the gradients are formed in a scratch space and added into d_weights.
 //
-// CUDA graphs (LstmOptions::cuda_graphs): a call can be replayed instead of issued. cuDNN's host
-// work per call grows with the steps (a few kernels per step and layer; the H200's host took
-// about 20 us per step and layer to issue the standard algorithm, docs/PERFORMANCE.md), and for
-// small batches and hidden sizes the GPU waits for it; where it does not, a graph still closes
-// the gaps between the dependent per-step kernels. A graph is captured on a private stream (the
-// legacy default stream cannot be captured) for one kind of call (inference forward, training
-// forward, backward data + weights) and one content of the data descriptors (T, lengths), and
-// keyed on every buffer cuDNN bakes into its kernels' arguments: the lengths on the device,
-// h0/c0, the outputs and gradients we allocate, the reserve space, the weight and weight-gradient
-// spaces and the workspace. The inputs that move from call to call (x, d_output) are copied (or
-// masked) into the cache's own buffers first, so they may live anywhere. The arena hands a steady
-// stream of calls the same blocks, so later calls find their graph; a call whose buffers match
-// none is captured anew (at most kMaxGraphs per cache, least recently used first out), and a
-// cache whose buffers keep changing goes back to eager calls. Inference caches belong to the
-// plan's data descriptors (new T or lengths drop them); a training call has descriptors of its
-// own, so its caches live in the plan, keyed by T and lengths.
+// CUDA graphs (LstmOptions::cuda_graphs) through cuda/graph_cache.hpp, which has the rules. A
+// cache serves one kind of call (inference forward, training forward, backward data + weights)
+// and one content of the data descriptors (T, lengths); its graphs are keyed on every buffer
+// cuDNN bakes into its kernels' arguments: the lengths on the device, h0/c0, the outputs and
+// gradients we allocate, the reserve space, the weight and weight-gradient spaces and the
+// workspace; x and d_output are staged (copied, or masked past each length). Inference caches
+// belong to the plan's data descriptors (new T or lengths drop them); a training call has
+// descriptors of its own, so its caches live in the plan, found by kind, T and lengths.
+//
+// The files: cudnn_rnn.{hpp,cpp} (algorithms, descriptors, refusals, math modes, weight layout,
+// data descriptors, plans), cudnn_heuristic.cpp (cudnn_algo "heuristic" and the registry's
+// lines), this file (the backend: plans per shape, calls, graphs, cudnn_algo "auto").
 //
 // Dropout between layers uses cuDNN's own dropout (its masks live in the reserve space): the
 // dropout state is seeded once from the caller's Rng on the first training forward with dropout
@@ -49,6 +45,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cudnn/cudnn_rnn.hpp"
 #include "cudnn/cudnn_util.hpp"
 #include "cuda/exec.hpp"
 #include "cuda/graph_cache.hpp"
@@ -58,333 +55,7 @@
 
 namespace lstm {
 namespace {
-
-// ---- cuDNN's algorithms ----
-enum CudnnAlgoId : int {
-  kStandard = 0,
-  kPersistStatic = 1,
-  kPersistDynamic = 2,
-  kPersistSmallH = 3,
-  kAutoAlgo = 4,
-  kHeuristicAlgo = 5
-};
-constexpr const char* kAlgoNames[] = {"standard", "persist_static", "persist_dynamic", "persist_static_small_h"};
-
-cudnnRNNAlgo_t to_cudnn_algo(int a) {
-  switch (a) {
-    case kPersistStatic: return CUDNN_RNN_ALGO_PERSIST_STATIC;
-    case kPersistDynamic: return CUDNN_RNN_ALGO_PERSIST_DYNAMIC;
-    case kPersistSmallH: return CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H;
-    default: return CUDNN_RNN_ALGO_STANDARD;
-  }
-}
-
-int algo_id(CudnnAlgo a) {
-  switch (a) {
-    case CudnnAlgo::Standard: return kStandard;
-    case CudnnAlgo::PersistStatic: return kPersistStatic;
-    case CudnnAlgo::PersistDynamic: return kPersistDynamic;
-    case CudnnAlgo::PersistStaticSmallH: return kPersistSmallH;
-    case CudnnAlgo::Auto: return kAutoAlgo;
-    case CudnnAlgo::Heuristic: return kHeuristicAlgo;
-  }
-  return kStandard;
-}
-// cudnn_heuristic_algo as an id (the per-call path builds no string).
-int heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths, bool training,
-                   int cc_major, int cc_minor, int sms);
-
-// ---- RAII for cuDNN descriptors ----
-template <class H, cudnnStatus_t (*Create)(H*), cudnnStatus_t (*Destroy)(H)>
-class Desc {
- public:
-  Desc() { LSTM_CUDA_CHECK(Create(&h_)); }
-  ~Desc() {
-    if (h_) Destroy(h_);
-  }
-  Desc(const Desc&) = delete;
-  Desc& operator=(const Desc&) = delete;
-  H get() const { return h_; }
-
- private:
-  H h_ = nullptr;
-};
-using RnnDesc = Desc<cudnnRNNDescriptor_t, cudnnCreateRNNDescriptor, cudnnDestroyRNNDescriptor>;
-using RnnDataDesc = Desc<cudnnRNNDataDescriptor_t, cudnnCreateRNNDataDescriptor, cudnnDestroyRNNDataDescriptor>;
-using TensorDesc = Desc<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
-using DropoutDesc = Desc<cudnnDropoutDescriptor_t, cudnnCreateDropoutDescriptor, cudnnDestroyDropoutDescriptor>;
-
-// A case a cuDNN algorithm does not accept. "auto" skips such algorithms; everywhere else it
-// reaches the caller as the lstm::Error it is.
-class Rejected : public Error {
- public:
-  explicit Rejected(const std::string& what) : Error(what) {}
-};
-
-// The case an algorithm is asked to run, for refusals; formatted only when one happens (it is
-// passed on every call). `spec` must outlive it.
-struct CaseText {
-  const LstmSpec* spec = nullptr;
-  DType dt = DType::F32;
-  int64_t B = 0, T = 0;
-  bool varlen = false;
-  std::string text() const {
-    const LstmSpec& s = *spec;
-    std::ostringstream os;
-    os << "input_size " << s.input_size << ", hidden_size " << s.hidden_size << ", proj_size " << s.proj_size << ", "
-       << s.num_layers << " layer(s), " << (s.bidirectional ? "bidirectional" : "unidirectional")
-       << (s.bias ? "" : ", no bias") << ", " << dtype_name(dt);
-    if (B > 0) os << ", batch " << B << ", " << T << " steps, " << (varlen ? "variable lengths" : "equal lengths");
-    return os.str();
-  }
-};
-
-CaseText case_str(const LstmSpec& s, DType dt, int64_t B, int64_t T, bool varlen) {
-  return {&s, dt, B, T, B > 0 && varlen};
-}
-
-// The limit a refusal most likely hit, from what cuDNN 9 was seen to refuse on an H200 (the
-// DISABLED_ProbeAlgorithmLimits test prints it) and PyTorch's notes, so that the message names it
-// and not only cuDNN's status.
-std::string limit_hint(int a, const CaseText& c) {
-  if (a == kStandard) return "";
-  const std::string name = kAlgoNames[a];
-  const std::string h = std::to_string(c.spec->hidden_size);
-  if (c.varlen)
-    return "cuDNN's persistent algorithms run only batches whose sequences all have the same length; this batch has "
-           "variable lengths";
-  if (c.spec->proj_size > 0) return name + " has no projection (proj_size) support; only standard has";
-  if (!c.spec->bias) return name + " needs the biases (bias=true); only standard runs bias=false";
-  switch (a) {
-    case kPersistSmallH:
-      return name + " is for small hidden sizes: up to 192 for inference and 128 for training (cuDNN 9.19 on an "
-                    "H200); hidden_size " + h + " is past that";
-    case kPersistStatic:
-      return name + " keeps the recurrent weights on chip: hidden sizes up to 1024 ran, 2048 was refused (cuDNN "
-                    "9.19 on an H200); hidden_size " + h + " is past what it takes here";
-    default:
-      return name + " compiles a persistent kernel for the shape (hidden sizes up to 2048 ran with cuDNN 9.19 on an "
-                    "H200); hidden_size " + h + " with this batch is past what it takes here";
-  }
-}
-
-bool is_rejection(cudnnStatus_t st, int algo) {
-  if (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED) return true;
-  // A persistent algorithm answers some shapes it cannot run with BAD_PARAM; for the standard
-  // algorithm BAD_PARAM would be our bug and is reported as such.
-  return algo != kStandard && CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM;
-}
-
-// Like LSTM_CUDA_CHECK, but a status that means "this algorithm does not do this case" becomes a
-// Rejected naming the algorithm, the case and the limit.
-void check_accepts(cudnnStatus_t st, int algo, const CaseText& what_case, const char* call, const char* file,
-                   int line, const char* expr) {
-  if (st == CUDNN_STATUS_SUCCESS) return;
-  if (is_rejection(st, algo)) {
-    char detail[512] = {0};
-    cudnnGetLastErrorString(detail, sizeof(detail));
-    std::ostringstream os;
-    os << "cuDNN " << kAlgoNames[algo] << " does not support this LSTM (" << what_case.text() << "): " << call
-       << " returned " << cudnnGetErrorString(st);
-    if (detail[0]) os << " (" << detail << ")";
-    const std::string lim = limit_hint(algo, what_case);
-    if (!lim.empty()) os << ". " << lim;
-    os << ". cudnn_algo \"standard\" runs every case; \"auto\" picks the fastest algorithm that accepts it";
-    throw Rejected(os.str());
-  }
-  cuda::check(st, file, line, expr);
-}
-#define LSTM_CUDNN_ACCEPTS(expr, algo, what_case, call) \
-  check_accepts((expr), (algo), (what_case), (call), __FILE__, __LINE__, #expr)
-
-// What a cuDNN call issued under stream capture returned, as the graph runner takes it: "" or why
-// the capture failed, with cuDNN's own detail.
-std::string under_capture(cudnnStatus_t st) {
-  if (st == CUDNN_STATUS_SUCCESS) return "";
-  char detail[512] = {0};
-  cudnnGetLastErrorString(detail, sizeof(detail));
-  return std::string("cuDNN under stream capture returned ") + cudnnGetErrorString(st) +
-         (detail[0] ? std::string(" (") + detail + ")" : std::string());
-}
-
-cudnnDataType_t data_type(DType dt) {
-  switch (dt) {
-    case DType::F64: return CUDNN_DATA_DOUBLE;
-    case DType::F32: return CUDNN_DATA_FLOAT;
-    case DType::BF16: return CUDNN_DATA_BFLOAT16;
-    case DType::F16: return CUDNN_DATA_HALF;
-    default: break;
-  }
-  LSTM_THROW("the cuDNN LSTM computes in F32, BF16, F16 or F64, not " << dtype_name(dt));
-}
-
-// The math cuDNN may use, as PyTorch's nn.LSTM asks for it (aten/src/ATen/cudnn/Descriptors.h):
-// compute precision fp32 for every float dtype; F16 data on tensor cores (TENSOR_OP); BF16 data
-// and TF32-allowed F32 data with DEFAULT_MATH, which on Ampere and newer runs F32 GEMMs as TF32;
-// F32 without TF32 in plain FMA. Never TENSOR_OP_MATH_ALLOW_CONVERSION: it lets cuDNN convert F32
-// data to half precision (faster, but inputs beyond fp16's range +-65504 become inf; measured with
-// bench/probe_cudnn_settings, docs/PERFORMANCE.md).
-void math_for(DType dt, bool allow_tf32, cudnnDataType_t* prec, cudnnMathType_t* math) {
-  switch (dt) {
-    case DType::F64:
-      *prec = CUDNN_DATA_DOUBLE;
-      *math = CUDNN_DEFAULT_MATH;
-      return;
-    case DType::F32:
-      *prec = CUDNN_DATA_FLOAT;
-      *math = allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-      return;
-    case DType::BF16:
-      *prec = CUDNN_DATA_FLOAT;
-      *math = CUDNN_DEFAULT_MATH;
-      return;
-    default:
-      *prec = CUDNN_DATA_FLOAT;
-      *math = CUDNN_TENSOR_OP_MATH;
-      return;
-  }
-}
-
-// Padding value cuDNN writes into the outputs past each length: all-zero bits, which reads as 0 in
-// every float dtype (cuDNN reads it as the data descriptor's type).
-double g_zero_fill = 0.0;
-
-// ---- Weight layout ----
-
-int64_t desc_numel(cudnnTensorDescriptor_t d) {
-  cudnnDataType_t t;
-  int nb = 0;
-  int dims[8], strides[8];
-  LSTM_CUDA_CHECK(cudnnGetTensorNdDescriptor(d, 8, &t, &nb, dims, strides));
-  int64_t n = 1;
-  for (int i = 0; i < nb; ++i) n *= dims[i];
-  return n;
-}
-
-// Where each tensor of spec.param_names() lies in the weight space of `rnn`, in bytes.
-LstmBackend::FlatLayout compute_layout(cudnnHandle_t h, cudnnRNNDescriptor_t rnn, const LstmSpec& s, DType dt) {
-  LstmBackend::FlatLayout out;
-  LSTM_CUDA_CHECK(cudnnGetRNNWeightSpaceSize(h, rnn, &out.bytes));
-  // cudnnGetRNNWeightParams returns addresses inside the buffer it is given; a real (arena)
-  // buffer keeps that within what the API documents.
-  cuda::DeviceBuffer probe(out.bytes);
-  const char* base = static_cast<const char*>(probe.get());
-  TensorDesc mdesc, bdesc;
-  const size_t es = dtype_size(dt);
-  const int64_t H = s.hidden_size, P = s.proj_size, Hout = s.out_size(), D = s.directions();
-  out.offsets.assign(s.param_names().size(), 0);
-  for (int64_t l = 0; l < s.num_layers; ++l) {
-    for (int64_t d = 0; d < D; ++d) {
-      const int32_t pseudo = static_cast<int32_t>(l * D + d);
-      const int64_t In = s.layer_input_size(l);
-      auto where = [&](int32_t lin, bool bias, int64_t numel) -> size_t {
-        void* addr = nullptr;
-        if (bias)
-          LSTM_CUDA_CHECK(cudnnGetRNNWeightParams(h, rnn, pseudo, out.bytes, base, lin, nullptr, nullptr, bdesc.get(),
-                                                  &addr));
-        else
-          LSTM_CUDA_CHECK(cudnnGetRNNWeightParams(h, rnn, pseudo, out.bytes, base, lin, mdesc.get(), &addr, nullptr,
-                                                  nullptr));
-        LSTM_CHECK(addr, "cuDNN returned no address for linLayerID " << lin << " of pseudo-layer " << pseudo);
-        LSTM_CHECK(desc_numel(bias ? bdesc.get() : mdesc.get()) == numel,
-                   "cuDNN's linLayerID " << lin << " of pseudo-layer " << pseudo << " has "
-                                         << desc_numel(bias ? bdesc.get() : mdesc.get()) << " elements, expected "
-                                         << numel);
-        const size_t off = static_cast<size_t>(static_cast<const char*>(addr) - base);
-        LSTM_CHECK(off % es == 0 && off + static_cast<size_t>(numel) * es <= out.bytes,
-                   "cuDNN weight offset " << off << " is outside the weight space");
-        return off;
-      };
-      // One nn.LSTM tensor = cuDNN's four gates (linLayerIDs first..first+3, gate order i, f, g, o)
-      // back to back.
-      auto gates = [&](int32_t first, bool bias, int64_t per_gate) -> size_t {
-        const size_t off = where(first, bias, per_gate);
-        for (int32_t g = 1; g < 4; ++g)
-          LSTM_CHECK(where(first + g, bias, per_gate) == off + static_cast<size_t>(g * per_gate) * es,
-                     "cuDNN's gate " << g << " of linLayerID " << first << " (pseudo-layer " << pseudo
-                                     << ") does not follow gate " << g - 1 << "; nn.LSTM's layout cannot map onto it");
-        return off;
-      };
-      const auto sl = s.slots(l, d);
-      out.offsets[sl.w_ih] = gates(0, false, H * In);
-      out.offsets[sl.w_hh] = gates(4, false, H * Hout);
-      if (s.bias) {
-        out.offsets[sl.b_ih] = gates(0, true, H);
-        out.offsets[sl.b_hh] = gates(4, true, H);
-      }
-      if (P > 0) out.offsets[sl.w_hr] = where(8, false, P * H);
-    }
-  }
-  return out;
-}
-
-// ---- Per-call data descriptors ----
-// Set for one (T, lengths); a call with the same ones re-uses them as they are, without touching
-// cuDNN or the device (the host work per call is what a launch-bound case waits for).
-struct DataDescs {
-  RnnDataDesc x, y;
-  Tensor dev_len;                // B int32 on the device (cuDNN's devSeqLengths)
-  std::vector<int32_t> lengths;  // what dev_len holds
-  int64_t T = -1;                // what x and y describe (-1: not set yet)
-  bool padded = false;           // some sequence is shorter than T
-  // cudnnGetRNNTempSpaceSizes' answers for these descriptors, per RNN descriptor and mode.
-  struct Sizes {
-    cudnnRNNDescriptor_t rnn;
-    cudnnForwardMode_t mode;
-    size_t ws, rs;
-  };
-  std::vector<Sizes> sizes;
-  cuda::GraphCache graphs;  // inference only
-};
-
-enum class TrainCall { Forward, Backward };
-
-// ---- A plan: everything that depends on (spec, dtype, algorithm, batch) but not on the lengths ----
-struct Plan {
-  int algo = kStandard;
-  LstmSpec spec;
-  DType dtype = DType::F32;
-  int64_t B = 0;
-  // Every sequence has T steps and the layout is sequence-major: the packed layout without
-  // padded I/O. (PyTorch passes such a tensor unpacked with padded I/O; the two measured the same
-  // on the H200, docs/PERFORMANCE.md.)
-  bool packed = false;
-  RnnDesc rnn;                                // without dropout
-  std::unique_ptr<RnnDesc> rnn_drop;          // with dropout; made on first training use
-  TensorDesc hdesc, cdesc;
-  LstmBackend::FlatLayout layout;
-  // Reused by inference calls. A training call makes its own, which its saved state keeps for
-  // the backward (keeping the last one in the plan instead changed which arena blocks are live
-  // across steps and cost a cudaMalloc after warm-up in GpuTraining tests).
-  DataDescs infer;
-  CaseText what;                              // case_str without batch
-  // Graph caches of training calls, per kind and descriptor content (T, lengths): a training
-  // call's descriptors are its own, so their caches live here. A list (at most 16): std::deque
-  // keeps the references train_cache hands out valid while it grows.
-  struct TrainGraphs {
-    TrainCall kind;
-    int64_t T;
-    std::vector<int32_t> lengths;
-    cuda::GraphCache graphs;
-  };
-  std::deque<TrainGraphs> train_graphs;
-};
-
-void set_rnn_desc(cudnnRNNDescriptor_t d, int algo, const LstmSpec& s, DType dt, bool allow_tf32,
-                  cudnnDropoutDescriptor_t drop, const CaseText& what, bool padded_io = true) {
-  cudnnDataType_t prec;
-  cudnnMathType_t math;
-  math_for(dt, allow_tf32, &prec, &math);
-  // projSize == hiddenSize turns the projection off; padded I/O admits the unpacked layouts.
-  LSTM_CUDNN_ACCEPTS(
-      cudnnSetRNNDescriptor_v8(d, to_cudnn_algo(algo), CUDNN_LSTM, s.bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
-                               s.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
-                               data_type(dt), prec, math, static_cast<int32_t>(s.input_size),
-                               static_cast<int32_t>(s.hidden_size), static_cast<int32_t>(s.out_size()),
-                               static_cast<int32_t>(s.num_layers), drop,
-                               padded_io ? CUDNN_RNN_PADDED_IO_ENABLED : CUDNN_RNN_PADDED_IO_DISABLED),
-      algo, what, "cudnnSetRNNDescriptor_v8");
-}
+using namespace cudnn;
 
 struct CudnnSaved : LstmSaved {
   std::shared_ptr<Plan> plan;
@@ -400,15 +71,6 @@ struct CudnnSaved : LstmSaved {
   size_t reserve_bytes = 0;
   mutable bool used = false;
 };
-
-bool in_place(const std::vector<Tensor>& ts, const LstmBackend::FlatLayout& layout, void** base) {
-  if (ts.empty() || layout.offsets.size() != ts.size()) return false;
-  char* b = static_cast<char*>(const_cast<void*>(ts[0].raw())) - layout.offsets[0];
-  for (size_t i = 0; i < ts.size(); ++i)
-    if (!ts[i].same_storage(ts[0]) || static_cast<const char*>(ts[i].raw()) != b + layout.offsets[i]) return false;
-  *base = b;
-  return true;
-}
 
 // Why cuDNN's algorithm `algo` cannot run spec in dtype on device ("" when it can): host-side
 // descriptor calls only, nothing runs on the GPU.
@@ -1108,53 +770,5 @@ std::unique_ptr<LstmBackend> make_cudnn_lstm_backend(const LstmSpec& spec, DType
                                                      const LstmOptions& options) {
   return std::make_unique<CudnnBackend>(spec, dtype, device, options);
 }
-
-std::string cudnn_algo_summary(CudnnAlgo a) {
-  switch (a) {
-    case CudnnAlgo::Standard: return "GPU, F64/F32/TF32/BF16/F16: cuDNN's standard algorithm, CUDA graphs";
-    case CudnnAlgo::PersistStatic:
-      return "GPU, F32/TF32/F16 (cuDNN 9 has no BF16 persistence): cuDNN's persistent kernel; hidden and batch "
-             "limits set by cuDNN per device; no variable lengths, projection or bias-free layers";
-    case CudnnAlgo::PersistDynamic:
-      return "GPU, F32/TF32/F16: cuDNN's run-time compiled persistent kernel (one compile per batch size); "
-             "no variable lengths, projection or bias-free layers";
-    case CudnnAlgo::PersistStaticSmallH:
-      return "GPU, F32/TF32/F16: cuDNN's persistent kernel for small hidden sizes (up to 192 in inference, "
-             "128 in training, per cuDNN); no variable lengths, projection or bias-free layers";
-    default: return "GPU: cuDNN";
-  }
-}
-
-bool cudnn_algo_varlen(CudnnAlgo a) { return a == CudnnAlgo::Standard || a == CudnnAlgo::Heuristic || a == CudnnAlgo::Auto; }
-
-std::string cudnn_heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths,
-                                 bool training, int cc_major, int cc_minor, int sms) {
-  return kAlgoNames[heuristic_algo(spec, dtype, T, B, variable_lengths, training, cc_major, cc_minor, sms)];
-}
-
-namespace {
-int heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths, bool training,
-                   int cc_major, int cc_minor, int sms) {
-  // Where cuDNN 9 refuses every persistent algorithm (measured on cuDNN 9.19, see the tests).
-  if (variable_lengths || spec.proj_size > 0 || !spec.bias || dtype == DType::F64) return kStandard;
-  // The backward pass takes persist_static_small_h only up to hidden 128; a training forward
-  // must use the algorithm its backward will.
-  if (cc_major >= 6 && spec.hidden_size <= (training ? 128 : 192)) return kPersistSmallH;
-  if (dtype != DType::F16) return kStandard;
-  const bool shape_ok = spec.num_layers == 1 && !spec.bidirectional && spec.hidden_size <= 1024 &&
-                        spec.hidden_size % 128 == 0 && spec.input_size % 128 == 0;
-  if (!shape_ok) return kStandard;
-  bool device_ok = false;
-  if (cc_major == 7 && cc_minor != 5) {
-    // Volta: batches that are multiples of 16 (but not 80 or 112) or exactly 8, long enough.
-    device_ok = ((B % 16 == 0 && B != 80 && B != 112) || B == 8) &&
-                ((T >= 40 && B <= 128) || (T >= 20 && B <= 96) || (T >= 10 && B <= 32));
-  } else if (cc_major >= 8 && sms >= 98 && cc_minor != 6) {
-    // Large Ampere and newer (not sm_86, not the 56-SM A30 class).
-    device_ok = B % 8 == 0 && B <= 128;
-  }
-  return device_ok ? kPersistStatic : kStandard;
-}
-}  // namespace
 
 }  // namespace lstm
