@@ -3,6 +3,7 @@
 
 #include "lstm/lstm.hpp"
 #if LSTM_HAVE_CUDA
+#include "cuda/graph_cache.hpp"
 #include "cudnn/lstm_cudnn.hpp"
 #endif
 
@@ -81,6 +82,9 @@ TEST(CudnnHeuristic, NeedsACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 #endif
 
 #if LSTM_HAVE_CUDA
+using lstm::cuda::cuda_graphs_first_look;
+using lstm::cuda::GraphFirstLook;
+
 // cuda_graphs "auto"'s first look (a pure function; runs without a GPU). Numbers from the H200
 // (docs/PERFORMANCE.md, 2026-12-01 third session).
 TEST(CudaGraphsFirstLook, HostBoundCallsTryGraphs) {

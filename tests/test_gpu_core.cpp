@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
+#include <chrono>
 
 #include "gpu_test_util.hpp"
 #include "lstm/device.hpp"
@@ -15,6 +17,7 @@
 #if LSTM_HAVE_CUDA
 #include "core/cuda_rt.hpp"
 #include "cuda/cublas_util.hpp"
+#include "cuda/exec.hpp"
 #include "cudnn/cudnn_util.hpp"
 #endif
 
@@ -234,5 +237,116 @@ TEST(GpuCore, EngineStreamIsLegacyByDefaultAndOwnOnRequest) {
     setenv("LSTM_CUDA_STREAM", saved.c_str(), 1);
   else
     unsetenv("LSTM_CUDA_STREAM");
+}
+#endif
+
+#if LSTM_HAVE_CUDA
+namespace {
+// A non-blocking stream of the test's own.
+struct OwnStream {
+  cudaStream_t s = nullptr;
+  OwnStream() { LSTM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~OwnStream() { cudaStreamDestroy(s); }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+};
+}  // namespace
+
+// A block used on a second stream (arena_record_stream) is not handed out again, after it is
+// freed, until that stream's work up to the free has completed. Stream B's work is held back by
+// a host function that sleeps (a known wait, whatever the GPU's clock; test sources have no
+// kernels of their own), and then writes the whole block: had the arena handed the block to the
+// next allocation on A, that write would land on the new owner's data.
+TEST(GpuCore, ArenaKeepsABlockUsedOnAnotherStreamUntilThatStreamIsDone) {
+  LSTM_REQUIRE_GPU();
+  OwnStream a, b;
+  cuda::StreamGuard on_a(a.s);
+  const size_t n = size_t(4) << 20;
+  void* p = cuda::arena_alloc(n);
+  LSTM_CUDA_CHECK(cudaMemsetAsync(p, 0, n, a.s));
+  LSTM_CUDA_CHECK(cudaStreamSynchronize(a.s));
+  LSTM_CUDA_CHECK(cudaLaunchHostFunc(
+      b.s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(500)); }, nullptr));
+  LSTM_CUDA_CHECK(cudaMemsetAsync(p, 0xAB, n, b.s));
+  cuda::arena_record_stream(p, b.s);
+  cuda::arena_free(p);
+
+  void* q = cuda::arena_alloc(n);
+  ASSERT_EQ(cudaStreamQuery(b.s), cudaErrorNotReady) << "stream B finished too early for the test to mean anything";
+  EXPECT_NE(q, p) << "the block was handed out while stream B still uses it";
+  LSTM_CUDA_CHECK(cudaMemsetAsync(q, 0x11, n, a.s));
+  LSTM_CUDA_CHECK(cudaStreamSynchronize(b.s));
+  LSTM_CUDA_CHECK(cudaStreamSynchronize(a.s));
+  std::vector<unsigned char> host(n);
+  LSTM_CUDA_CHECK(cudaMemcpy(host.data(), q, n, cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (unsigned char c : host) bad += c != 0x11;
+  EXPECT_EQ(bad, 0u) << "stream B's late write reached the new allocation";
+
+  // Once B is done the block is reused: two more blocks of the size need no cudaMalloc.
+  cuda::arena_free(q);
+  const ArenaStats before = arena_stats();
+  void* r1 = cuda::arena_alloc(n);
+  void* r2 = cuda::arena_alloc(n);
+  EXPECT_EQ(arena_stats().device_mallocs, before.device_mallocs);
+  EXPECT_TRUE((r1 == p && r2 == q) || (r1 == q && r2 == p));
+  cuda::arena_free(r1);
+  cuda::arena_free(r2);
+
+  // Releasing the cache waits for pending blocks instead of freeing memory still in use.
+  void* s1 = cuda::arena_alloc(n);
+  LSTM_CUDA_CHECK(cudaLaunchHostFunc(
+      b.s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }, nullptr));
+  LSTM_CUDA_CHECK(cudaMemsetAsync(s1, 0xCD, n, b.s));
+  cuda::arena_record_stream(s1, b.s);
+  cuda::arena_free(s1);
+  arena_release_cached();
+  EXPECT_EQ(cudaStreamQuery(b.s), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Inside an ExecScope the engine stream and the current device are the context's; after it,
+// what they were before.
+TEST(GpuCore, ExecScopeSetsAndRestoresStreamAndDevice) {
+  LSTM_REQUIRE_GPU();
+  OwnStream own;
+  int devices = 0;
+  LSTM_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  int dev_before = 0;
+  LSTM_CUDA_CHECK(cudaGetDevice(&dev_before));
+  const cudaStream_t stream_before = cuda::stream();
+  {
+    ExecContext ctx;
+    ctx.device = Device::CUDA;
+    ctx.device_index = dev_before;
+    ctx.stream = own.s;
+    cuda::ExecScope scope(ctx);
+    EXPECT_EQ(cuda::stream(), own.s);
+    EXPECT_EQ(scope.stream(), own.s);
+    int dev = -1;
+    LSTM_CUDA_CHECK(cudaGetDevice(&dev));
+    EXPECT_EQ(dev, dev_before);
+  }
+  EXPECT_EQ(cuda::stream(), stream_before);
+  if (devices >= 2) {
+    // The legacy default stream of another device.
+    ExecContext ctx;
+    ctx.device = Device::CUDA;
+    ctx.device_index = (dev_before + 1) % devices;
+    ctx.stream = static_cast<void*>(cudaStreamLegacy);
+    {
+      cuda::ExecScope scope(ctx);
+      int dev = -1;
+      LSTM_CUDA_CHECK(cudaGetDevice(&dev));
+      EXPECT_EQ(dev, ctx.device_index);
+      EXPECT_EQ(cuda::stream(), cudaStreamLegacy);
+    }
+    int dev = -1;
+    LSTM_CUDA_CHECK(cudaGetDevice(&dev));
+    EXPECT_EQ(dev, dev_before);
+    EXPECT_EQ(cuda::stream(), stream_before);
+  }
+  EXPECT_THROW(cuda::ExecScope(ExecContext::cpu()), Error);
+  EXPECT_EQ(cuda::stream(), stream_before);
 }
 #endif

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace lstm::cuda {
 
@@ -53,7 +54,17 @@ size_t round_size(size_t n) {
 
 struct Block {
   size_t size;
+  cudaStream_t stream;               // the one it was allocated on, whose free list it goes back to
+  std::vector<cudaStream_t> others;  // other streams it was used on (arena_record_stream)
+};
+
+// A freed block that other streams may still be using: reusable once every event (recorded on
+// each of those streams when it was freed) has completed.
+struct Pending {
+  void* p;
+  size_t size;
   cudaStream_t stream;
+  std::vector<cudaEvent_t> events;
 };
 
 class Arena {
@@ -62,6 +73,8 @@ class Arena {
     const size_t n = round_size(bytes);
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.allocations;
+    // Not while s is being captured: an event query there would invalidate the capture.
+    if (!pending_.empty() && !capturing(s)) collect_pending(false);
     auto& fl = free_[s];
     // Best fit, but a large block is not split nor used for a request under half its size. Of
     // the free blocks of that size the one freed last (multimap keeps equal keys in insertion
@@ -74,7 +87,7 @@ class Arena {
       void* p = it->second;
       size_t sz = it->first;
       fl.erase(it);
-      used_[p] = {sz, s};
+      used_[p] = {sz, s, {}};
       account_in_use(sz);
       return p;
     }
@@ -96,7 +109,7 @@ class Arena {
     }
     ++stats_.device_mallocs;
     stats_.reserved_bytes += n;
-    used_[p] = {n, s};
+    used_[p] = {n, s, {}};
     account_in_use(n);
     return p;
   }
@@ -105,9 +118,37 @@ class Arena {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = used_.find(p);
     if (it == used_.end()) return;  // not ours: ignore rather than corrupt the cache
-    stats_.in_use_bytes -= it->second.size;
-    free_[it->second.stream].emplace(it->second.size, p);
+    Block& b = it->second;
+    stats_.in_use_bytes -= b.size;
+    if (b.others.empty()) {
+      free_[b.stream].emplace(b.size, p);
+    } else {
+      Pending pd{p, b.size, b.stream, {}};
+      for (cudaStream_t o : b.others) {
+        cudaEvent_t e = nullptr;
+        if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess && cudaEventRecord(e, o) == cudaSuccess) {
+          pd.events.push_back(e);
+          continue;
+        }
+        // No event on that stream (e.g. it belongs to another device): wait for it here rather
+        // than hand the block out early. free runs in destructors: it must not throw.
+        (void)cudaGetLastError();
+        if (e) cudaEventDestroy(e);
+        (void)cudaStreamSynchronize(o);
+        (void)cudaGetLastError();
+      }
+      pending_.push_back(std::move(pd));
+    }
     used_.erase(it);
+  }
+
+  void record_stream(void* p, cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = used_.find(p);
+    if (it == used_.end()) return;  // not ours (as free)
+    Block& b = it->second;
+    if (s == b.stream || std::find(b.others.begin(), b.others.end(), s) != b.others.end()) return;
+    b.others.push_back(s);
   }
 
   void release() {
@@ -129,7 +170,43 @@ class Arena {
     stats_.in_use_bytes += n;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   }
+  static bool capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;  // cannot tell: do not risk it
+    }
+    return st != cudaStreamCaptureStatusNone;
+  }
+
+  // Moves pending blocks whose events have completed (all of them, waiting, when `wait`) to the
+  // free list of their stream.
+  void collect_pending(bool wait) {
+    for (size_t i = 0; i < pending_.size();) {
+      Pending& pd = pending_[i];
+      bool done = true;
+      for (cudaEvent_t e : pd.events) {
+        // A failed query (not "not ready") cannot say the work is pending; the error is the
+        // work's, and its own call reports it.
+        const cudaError_t q = wait ? cudaEventSynchronize(e) : cudaEventQuery(e);
+        if (q == cudaErrorNotReady) {
+          done = false;
+          break;
+        }
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      for (cudaEvent_t e : pd.events) cudaEventDestroy(e);
+      free_[pd.stream].emplace(pd.size, pd.p);
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+    }
+  }
+
   void release_locked() {
+    collect_pending(true);
     // Cached blocks may still be referenced by queued work on their stream.
     for (auto& [s, fl] : free_) {
       if (fl.empty()) continue;
@@ -145,6 +222,7 @@ class Arena {
   std::mutex mu_;
   std::unordered_map<cudaStream_t, std::multimap<size_t, void*>> free_;
   std::unordered_map<void*, Block> used_;
+  std::vector<Pending> pending_;
   ArenaStats stats_;
 };
 
@@ -168,6 +246,7 @@ StreamGuard::~StreamGuard() { t_stream = prev_; }
 
 void* arena_alloc(size_t bytes) { return arena().alloc(bytes, stream()); }
 void arena_free(void* p) { arena().free(p); }
+void arena_record_stream(void* p, cudaStream_t s) { arena().record_stream(p, s); }
 
 PinnedBuffer::~PinnedBuffer() {
   if (p_) cudaFreeHost(p_);

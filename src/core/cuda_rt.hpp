@@ -53,6 +53,16 @@ class StreamGuard {
 // when the device is full it releases the cache, retries, and then throws naming the size.
 void* arena_alloc(size_t bytes);
 void arena_free(void* p);
+// Says that the block p (a pointer arena_alloc returned, not yet freed) is used by work on stream
+// s as well as on the stream that allocated it (PyTorch's Tensor.record_stream). Stream order
+// alone would let an allocation on the allocating stream reuse the block as soon as it is freed,
+// while s may still read or write it. So, when such a block is freed, an event is recorded on
+// each such stream and the block waits in a pending list: allocations poll the events
+// (cudaEventQuery, never waiting) and reuse it only after all of them have completed; releasing
+// the cache (arena_release_cached, or a full device) waits for them. Call it for every other
+// stream the block is used on, before freeing it; s on another device than the current one at
+// free time makes free wait for s instead. Pointers that are not arena blocks are ignored.
+void arena_record_stream(void* p, cudaStream_t s);
 
 // A device buffer from the arena (RAII, move-only), for scratch space that is not a Tensor.
 class DeviceBuffer {

@@ -29,19 +29,4 @@ bool cudnn_algo_varlen(CudnnAlgo a);
 std::string cudnn_heuristic_algo(const LstmSpec& spec, DType dtype, int64_t T, int64_t B, bool variable_lengths,
                                  bool training, int cc_major, int cc_minor, int sms);
 
-// cuda_graphs "auto"'s first look at a shape, from its measured eager calls (the fastest host
-// time to issue one and the fastest GPU time, in us): whether a trial of replays is worth making.
-// Yes when the host is what the call waits for (it took at least half the GPU's time to issue),
-// or when the copies into the graph's input buffers that a replay adds (staged_bytes, each read
-// and written once at copy_gbs GB/s of bytes read + written; 1000 when copy_gbs <= 0) take at most
-// 5% of the call: a graph also closes the gaps between cuDNN's dependent per-step kernels, which
-// the H200 measured at 5-10% on GPU-bound shapes. The trial's replays, copies included, decide.
-struct GraphFirstLook {
-  double copy_us = 0;
-  bool host_bound = false;
-  bool cheap_copy = false;
-  bool try_graphs() const { return host_bound || cheap_copy; }
-};
-GraphFirstLook cuda_graphs_first_look(double host_us, double gpu_us, size_t staged_bytes, double copy_gbs);
-
 }  // namespace lstm

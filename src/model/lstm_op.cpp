@@ -1,5 +1,7 @@
 // LstmSpec, input checking, initialisation, the names of the LSTM enums, ExecContext.
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <regex>
 
 #include "lstm/device.hpp"
@@ -202,20 +204,34 @@ std::pair<int64_t, int64_t> check_lstm_input(const LstmSpec& spec, const LstmInp
   LSTM_REQUIRE(in.x.dtype() == DType::F32 || in.x.dtype() == DType::F64 || in.x.dtype() == DType::BF16 ||
                    in.x.dtype() == DType::F16,
                "LSTM: input dtype must be F32, F64, BF16 or F16, got " << dtype_name(in.x.dtype()));
-  auto names = spec.param_names();
-  LSTM_REQUIRE(weights.size() == names.size(),
-               "LSTM: expected " << names.size() << " weight tensors, got " << weights.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    LSTM_REQUIRE(weights[i].defined() && weights[i].shape() == spec.param_shape(names[i]),
-                 "LSTM: weight '" << names[i] << "' must be " << shape_str(spec.param_shape(names[i])) << ", got "
-                                  << (weights[i].defined() ? weights[i].shape_str() : std::string("undefined")));
-    LSTM_REQUIRE(weights[i].dtype() == in.x.dtype(), "LSTM: weight '" << names[i] << "' has dtype "
-                                                                      << dtype_name(weights[i].dtype())
-                                                                      << ", input has " << dtype_name(in.x.dtype()));
-    LSTM_REQUIRE(weights[i].device() == in.x.device(), "LSTM: weight '" << names[i] << "' is on the "
-                                                                        << device_name(weights[i].device())
-                                                                        << ", the input on the "
-                                                                        << device_name(in.x.device()));
+  // Shapes from the slots, names only in a message: this runs on every call, where
+  // param_names()/param_shape() would format and regex-match each name.
+  const int64_t per_layer = 2 + (spec.bias ? 2 : 0) + (spec.proj_size > 0 ? 1 : 0);
+  const size_t nparams = static_cast<size_t>(spec.num_layers * spec.directions() * per_layer);
+  LSTM_REQUIRE(weights.size() == nparams, "LSTM: expected " << nparams << " weight tensors, got " << weights.size());
+  auto check_weight = [&](int i, std::initializer_list<int64_t> want) {
+    const Tensor& w = weights[static_cast<size_t>(i)];
+    auto name = [&] { return spec.param_names()[static_cast<size_t>(i)]; };
+    LSTM_REQUIRE(w.defined() && std::equal(w.shape().begin(), w.shape().end(), want.begin(), want.end()),
+                 "LSTM: weight '" << name() << "' must be " << shape_str(Shape(want)) << ", got "
+                                  << (w.defined() ? w.shape_str() : std::string("undefined")));
+    LSTM_REQUIRE(w.dtype() == in.x.dtype(), "LSTM: weight '" << name() << "' has dtype " << dtype_name(w.dtype())
+                                                             << ", input has " << dtype_name(in.x.dtype()));
+    LSTM_REQUIRE(w.device() == in.x.device(), "LSTM: weight '" << name() << "' is on the " << device_name(w.device())
+                                                               << ", the input on the " << device_name(in.x.device()));
+  };
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    for (int64_t d = 0; d < spec.directions(); ++d) {
+      const LstmSpec::Slots sl = spec.slots(l, d);
+      const int64_t G = 4 * spec.hidden_size;
+      check_weight(sl.w_ih, {G, spec.layer_input_size(l)});
+      check_weight(sl.w_hh, {G, spec.out_size()});
+      if (spec.bias) {
+        check_weight(sl.b_ih, {G});
+        check_weight(sl.b_hh, {G});
+      }
+      if (spec.proj_size > 0) check_weight(sl.w_hr, {spec.proj_size, spec.hidden_size});
+    }
   }
   if (!in.lengths.empty()) {
     LSTM_REQUIRE(static_cast<int64_t>(in.lengths.size()) == B,
