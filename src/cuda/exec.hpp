@@ -11,7 +11,11 @@ namespace lstm::cuda {
 // The calling thread's engine stream on the current device, as an ExecContext.
 ExecContext current_context();
 
-inline cudaStream_t stream_of(const ExecContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+// ctx's stream; nullptr stands for the legacy default stream (an engine stream of nullptr would
+// mean "make one" to cuda::stream()).
+inline cudaStream_t stream_of(const ExecContext& ctx) {
+  return ctx.stream ? static_cast<cudaStream_t>(ctx.stream) : cudaStreamLegacy;
+}
 
 // Makes ctx's device current and ctx's stream the calling thread's engine stream until it is
 // destroyed, so that everything a backend call issues (its kernels, library calls, tensor copies
