@@ -143,7 +143,11 @@ Timing run_case(lstm::Algo algo, const Case& c, int warmup, int repeats, uint64_
   spec.input_size = c.H;
   spec.hidden_size = c.H;
   spec.num_layers = c.L;
-  lstm::LstmBackend& backend = lstm::lstm_backend(algo, spec, lstm::DType::F32, lstm::Device::CPU);
+  lstm::LstmOptions options;
+  options.algo = algo;
+  const std::unique_ptr<lstm::LstmBackend> be =
+      lstm::make_lstm_backend(options, spec, lstm::DType::F32, lstm::Device::CPU);
+  const lstm::ExecContext ctx = lstm::ExecContext::cpu();
 
   lstm::Rng rng(seed);
   std::vector<lstm::Tensor> weights;
@@ -172,11 +176,11 @@ Timing run_case(lstm::Algo algo, const Case& c, int warmup, int repeats, uint64_
     auto t0 = std::chrono::steady_clock::now();
     if (train) {
       std::unique_ptr<lstm::LstmSaved> saved;
-      last = backend.forward(spec, weights, in, /*training=*/true, &rng, &saved);
-      lstm::LstmGrads g = backend.backward(spec, weights, *saved, grad, d_weights);
+      last = be->forward(weights, in, /*training=*/true, &rng, &saved, ctx);
+      lstm::LstmGrads g = be->backward(weights, *saved, grad, d_weights, ctx);
       (void)g;
     } else {
-      last = backend.forward(spec, weights, in, /*training=*/false, nullptr, nullptr);
+      last = be->forward(weights, in, /*training=*/false, nullptr, nullptr, ctx);
     }
     auto t1 = std::chrono::steady_clock::now();
     if (r >= warmup) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());

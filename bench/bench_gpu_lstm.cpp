@@ -1,75 +1,76 @@
-// GPU LSTM benchmark harness: the cases of bench/suites.json on our GPU algorithms (cuDNN through
-// our backend, with each of cuDNN's RNN algorithms; our own kernels when built; the naive
-// per-gate baseline of Appleyard et al. 2016 on the `paper` suite), plus the GPU's own ceilings
-// (cuBLAS GEMM rates, device-to-device copy bandwidth) measured in the same run.
+// GPU LSTM benchmark harness: the cases of bench/suites.json on every GPU backend of the LSTM
+// registry (lstm_backends(): one row each, e.g. cuDNN with each of its algorithms, our own
+// kernels, the naive per-gate baseline of Appleyard et al. 2016), plus "auto" (the fastest row
+// by measurement), plus the GPU's own ceilings (cuBLAS GEMM rates, device-to-device copy
+// bandwidth) measured in the same run. The harness knows no backend by name: what a row is,
+// whether it is a baseline and what it accepts come from the registry, how a call ran from the
+// backend's last_run(), settled(), graph_counts() and log().
 // scripts/bench_gpu_torch.py measures torch.nn.LSTM on the same cases and scripts/gpu_report.py
 // merges both into tables, checks and plots. bench/README.md says how to run them.
 //
 //   bench_gpu_lstm [--suites-file FILE] [--suite NAME]... [--dtype fp32|tf32|bf16|fp16]...
-//                  [--mode infer|train]... [--algos LIST] [--repeats N] [--warmup N] [--out FILE]
-//                  [--quick] [--check | --check-suite NAME...] [--budget-s S] [--max-cell-s S]
-//                  [--no-ceilings] [--list] [--graphs auto|on|off]
+//                  [--mode infer|train]... [--algos LIST] [--baseline-suite NAME]... [--repeats N]
+//                  [--warmup N] [--out FILE] [--quick] [--check | --check-suite NAME...]
+//                  [--budget-s S] [--max-cell-s S] [--no-ceilings] [--list] [--graphs auto|on|off]
 //
-// --graphs sets LstmOptions::cuda_graphs for every cell through our backend (default auto, the
-// library's default): cuDNN calls may then be replayed as CUDA graphs, and such a cell warms
-// up until the backend has settled how the cell's calls run (CudnnLstmBackend::graphs_settled:
-// under auto a few measured eager calls, a capture and a few measured replays; at most 30 extra
-// calls). The row says "graphs" (the setting), "graphs_settled"
-// and "graph" (how its last timed call ran, its backward in training: "replayed" or "eager"),
-// "graph_captures" and "graph_decisions" (the backend's graph_log for the cell: auto's measured
-// eager and replayed times and its verdict per shape, or why a shape runs eagerly).
+// --algos: registry row names and "auto" (make_lstm_backend with Algo::Auto); "PREFIX*" names
+// every row whose name starts with PREFIX. Default: every row that accepts at least one cell of
+// the plan on the GPU (a row's why_not; all rows when no GPU is usable, e.g. for --list), then
+// "auto". Passes run in that order (the registry's), cheapest cell first within each pass.
+// Baseline rows (LstmBackendEntry::baseline) run only on the suites --baseline-suite names
+// (default paper; --naive-suite is the old spelling).
+//
+// --graphs sets LstmOptions::cuda_graphs for every cell (default auto, the library's default): a
+// backend may then replay its calls as CUDA graphs, and a cell warms up until the backend has
+// settled how the cell's calls run (LstmBackend::settled(); under auto a few measured eager
+// calls, a capture and a few measured replays; at most 30 extra calls).
 //
 // What one timed repeat is: infer = forward with nothing saved; train = training forward (saving
 // for backward) + backward of a random d_output, weight gradients included (accumulated into
 // weight-gradient buffers zeroed outside the timed region). Weights are views into the backend's
 // flat buffer (make_flat_weights with flat_layout, as flatten_parameters does), U(-1/sqrt(H),
-// 1/sqrt(H)); x and d_output ~ U(-1, 1) are views into one random pool per dtype (>= 4x the GPU's
-// L2), each call reading the next slot of it, so that no call finds its inputs in L2. Each repeat
-// is timed with CUDA events on the engine stream; the row carries the median, min and p90.
+// 1/sqrt(H)); x and d_output ~ U(-1, 1) rotate through a pool beyond the L2 (InputRotation in
+// gpu_bench_util.hpp, where every timing-fairness rule lives). Each repeat is timed with CUDA
+// events on the engine stream (the calls get ExecContext::current(Device::CUDA)); the row carries
+// the median, min and p90.
 //
 // Output (--out): JSON lines.
-//   {"kind": "header", "impl": "ours", "date", "gpu", "gpus", "versions", "command", ...}
+//   {"kind": "header", "impl": "ours", "date", "gpu", "gpus", "versions", "command", "backends", ...}
 //   {"kind": "ceiling", "what": "gemm", "dtype", "m", "n", "k", "ms", "tflops", ...}
 //   {"kind": "ceiling", "what": "copy", "bytes", "ms", "gbs" (read + write), ...}
 //   {"kind": "result", "impl": "ours", "suite", "case", "L", "H", "I", "B", "T", "bidirectional",
-//    "mode", "dtype", "algo", "ms", "ms_min", "ms_p90", "us_per_step", "tflops", "gflop",
-//    "peak_mib", "repeats", "warmup", "capped", "host_us_per_call" (median host time to issue one
-//    call), "sm_mhz" (SM clock measured right after the timed loop)[, "check"]}
-//   A case an algorithm rejects (or that failed) is a result row with "error" instead of timings
-//   ("rejected": true when the algorithm refused it before running: make_lstm_backend threw).
-// algo is "cudnn:<cuDNN algorithm>", "naive", or an lstm::Algo name (fused, persistent, ...).
+//    "mode", "dtype", "algo" (the registry row's name, or "auto"), "baseline" (the row is a
+//    baseline), "ms", "ms_min", "ms_p90", "us_per_step", "tflops", "gflop", "peak_mib", "repeats",
+//    "warmup", "capped", "host_us_per_call" (median host time to issue one call), "sm_mhz" (SM
+//    clock measured right after the timed loop), "ran" (the backend's last_run() after the last
+//    timed call, e.g. "cudnn:persist_static, replayed"), "graphs" (the --graphs setting),
+//    "settled", "graph_captures", "graph_replays" (over the whole cell, warm-up included), "log"
+//    (the backend's log(), one string per line: auto's timings and pick, CUDA-graph decisions)
+//    [, "check"]}
+//   A case a row rejects (or that failed) is a result row with "error" instead of timings
+//   ("rejected": true when the row refused it before running: make_lstm_backend threw).
 // peak_mib: the arena's peak in-use bytes over the case (weights, gradients, outputs, saved
 // activations, workspaces) above what was in use before it, plus one x (and one d_output).
 // gflop: 2*4H*(I_l+H)*B*T per layer l and direction forward, x3 for train (I_l = the layer's
 // input size); tflops = gflop / median.
 //
 // Time limits: --budget-s caps the LSTM part of the run (cells not started in time are recorded
-// with "error": "not run: ..."); cells run cheapest first within each algorithm, cuDNN standard
-// first. --max-cell-s caps the repeats of a cell whose warm-up call already took more than 3x the
-// fastest algorithm of the same case, mode and dtype (such a row says "capped": true and may have
-// fewer than 10 repeats; it can never be the fastest).
+// with "error": "not run: ..."). --max-cell-s caps the repeats of a cell whose warm-up call
+// already took more than 3x the fastest algorithm of the same case, mode and dtype (such a row
+// says "capped": true and may have fewer than 10 repeats; it can never be the fastest).
 //
 // --cooldown-ms N (default 0): before a cell's warm-up the GPU idles for as long as the previous
-// cell kept it busy (its warm-up and timed calls), at most N ms; the row says "cooldown_ms". A
-// cell whose warm-up went on while CUDA graphs settled idles once more (as long as that warm-up
-// kept the GPU busy, at most N ms; "settle_cooldown_ms") and warms up again with --warmup calls
-// before the timed ones, so that they start from the same history as bench_gpu_torch.py's. The
-// H200 caps its clock by a power average over about a second (nvidia-smi's SW power cap): after
-// a GEMM-heavy cell, the next one ran at 1450-1650 MHz instead of 1980, by an amount that hangs on
-// how many calls came before, which differs between benches (bench_gpu_torch.py has the same
-// option; docs/PERFORMANCE.md, 2026-12-01 third session).
-//
-// --pad-mib N (default 0): N MiB of device memory taken before anything else and held for the
-// run, so that every later buffer (weights, workspaces, outputs, inputs) lands elsewhere in
-// device memory: to tell whether a cell's time hangs on where its buffers are. --pad-weights-mib
-// N holds N MiB in each cell just before its weights are made (so the weights, workspaces and
-// outputs move, the rotating inputs do not), --pad-work-mib N just after (only what the backend
-// allocates at its first calls moves: workspaces, outputs, graph buffers): with --pad-mib, they
-// tell which buffers the time hangs on. The header says all three.
+// cell kept it busy, at most N ms ("cooldown_ms"); a cell whose warm-up went on while the
+// backend settled idles once more and warms up again ("settle_cooldown_ms"). Why: Cooldown in
+// gpu_bench_util.hpp.
+// --pad-mib N: N MiB of device memory held for the run before anything else, so that every later
+// buffer lands elsewhere; --pad-weights-mib N holds N MiB in each cell just before its weights
+// are made (weights, workspaces and outputs move, the rotating inputs do not), --pad-work-mib N
+// just after (only what the backend allocates at its first calls moves): to tell which buffers
+// a time hangs on. The header says all three.
 // --l2-whh: each cell sets an L2 persisting access window on the engine stream over layer 0's
-// weight_hh (as much of the L2 as the device lets persist; hit ratio = that / the window) and
-// clears it after: to tell whether that placement dependence is the recurrent weights' L2 hits.
-// Needs a stream of our own (LSTM_CUDA_STREAM=own); the row says "l2_window".
+// weight_hh and clears it after, to tell whether that placement dependence is the recurrent
+// weights' L2 hits. Needs LSTM_CUDA_STREAM=own; the row says "l2_window".
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -84,7 +85,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -102,10 +102,7 @@
 
 #include "core/cuda_rt.hpp"
 #include "cuda/cublas_util.hpp"
-#include "cudnn/lstm_cudnn.hpp"
-#include "cudnn/lstm_cudnn_backend.hpp"
 #include "gpu_bench_util.hpp"
-#include "naive_lstm.hpp"
 #endif
 
 #ifndef LSTM_BENCH_SUITES
@@ -116,16 +113,19 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// Warm-up calls a cell may add to --warmup while the backend settles its CUDA graph decision.
+// Warm-up calls a cell may add to --warmup while the backend settles how its calls run.
 constexpr int kMaxExtraWarmup = 30;
+// The --algos name of make_lstm_backend with Algo::Auto (not a registry row).
+const std::string kAuto = "auto";
 
 struct Options {
   std::string suites_file = LSTM_BENCH_SUITES;
   std::vector<std::string> suites;  // empty: every suite of the file, in file order
   std::vector<std::string> dtypes;  // empty: the file's "dtypes"
   std::vector<std::string> modes;   // empty: infer, train
-  std::vector<std::string> algos;   // empty: default_algos()
-  std::vector<std::string> naive_suites{"paper"};
+  std::vector<std::string> algos;   // empty: every row that accepts a cell, then auto
+  std::vector<std::string> baseline_suites{"paper"};
+  bool baseline_suites_given = false;
   std::vector<std::string> check_suites;
   bool check_all = false;
   double check_max_gflop = 1000;  // train GFLOP above which the CPU float64 reference is skipped
@@ -142,7 +142,7 @@ struct Options {
   int64_t copy_mib = 2048;
   bool list = false;
   std::string out;
-  std::string graphs = "auto";  // LstmOptions::cuda_graphs of every cell through our backend
+  lstm::GraphMode graphs = lstm::GraphMode::Auto;  // LstmOptions::cuda_graphs of every cell
   double cooldown_ms = 0;       // idle before a cell, up to the previous cell's busy time
   int64_t pad_mib = 0;          // device memory held from the start, to move every later buffer
   int64_t pad_weights_mib = 0;  // held in each cell before its weights (moves weights and work buffers)
@@ -150,18 +150,24 @@ struct Options {
   bool l2_whh = false;          // an L2 persisting window over layer 0's weight_hh (an experiment)
 };
 
+std::string row_names() {
+  std::string s;
+  for (const auto& r : lstm::lstm_backends()) s += r.name + ", ";
+  return s + kAuto;
+}
+
 [[noreturn]] void usage_error(const std::string& msg) {
   std::cerr << "bench_gpu_lstm: " << msg << "\n"
             << "usage: bench_gpu_lstm [--suites-file FILE] [--suite NAME]... [--dtype fp32|tf32|bf16|fp16]...\n"
-            << "         [--mode infer|train]... [--algos LIST] [--naive-suite NAME]... [--repeats N>=10]\n"
+            << "         [--mode infer|train]... [--algos LIST] [--baseline-suite NAME]... [--repeats N>=10]\n"
             << "         [--warmup N>=1] [--out FILE] [--quick] [--cases-per-suite N] [--check]\n"
             << "         [--check-suite NAME]... [--check-max-gflop G] [--budget-s S] [--max-cell-s S]\n"
             << "         [--no-ceilings] [--gemm-size N] [--copy-mib N] [--case ID]... [--list]\n"
             << "         [--graphs auto|on|off] [--cooldown-ms N] [--pad-mib N] [--pad-weights-mib N]\n"
             << "         [--pad-work-mib N] [--l2-whh]\n"
-            << "  --algos: comma list of cudnn (all four cuDNN algorithms), cudnn:standard,\n"
-            << "           cudnn:persist_static, cudnn:persist_dynamic, cudnn:persist_static_small_h,\n"
-            << "           naive (only on --naive-suite suites, default paper), or an LSTM algo name\n";
+            << "  --algos: comma list of backend names (this binary: " << row_names() << "),\n"
+            << "           or PREFIX* for every backend whose name starts with PREFIX; baselines run\n"
+            << "           only on --baseline-suite suites (default paper)\n";
   std::exit(2);
 }
 
@@ -178,6 +184,40 @@ std::string normalize_dtype(const std::string& d) {
   if (d == "bf16") return "bf16";
   if (d == "fp16" || d == "f16") return "fp16";
   usage_error("unknown dtype '" + d + "' (expected fp32, tf32, bf16 or fp16)");
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// --algos items as names: row names and auto as given, PREFIX* expanded in registry order.
+std::vector<std::string> expand_algos(const std::vector<std::string>& items) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& n) {
+    if (!contains(out, n)) out.push_back(n);
+  };
+  for (const auto& a : items) {
+    if (a == kAuto) {
+      add(a);
+    } else if (!a.empty() && a.back() == '*') {
+      const std::string prefix = a.substr(0, a.size() - 1);
+      bool any = false;
+      for (const auto& r : lstm::lstm_backends())
+        if (r.name.compare(0, prefix.size(), prefix) == 0) {
+          add(r.name);
+          any = true;
+        }
+      if (!any)
+        usage_error("--algos: no backend name starts with '" + prefix + "' (this binary: " + row_names() + ")");
+    } else {
+      try {
+        add(lstm::lstm_backend_entry(a).name);
+      } catch (const std::exception&) {
+        usage_error("--algos: unknown backend '" + a + "' (this binary: " + row_names() + ")");
+      }
+    }
+  }
+  return out;
 }
 
 Options parse_args(int argc, char** argv) {
@@ -208,9 +248,10 @@ Options parse_args(int argc, char** argv) {
       }
     } else if (a == "--algos") {
       append(o.algos);
-    } else if (a == "--naive-suite") {
-      if (o.naive_suites.size() == 1 && o.naive_suites[0] == "paper") o.naive_suites.clear();
-      append(o.naive_suites);
+    } else if (a == "--baseline-suite" || a == "--naive-suite") {
+      if (!o.baseline_suites_given) o.baseline_suites.clear();
+      o.baseline_suites_given = true;
+      append(o.baseline_suites);
     } else if (a == "--repeats") {
       o.repeats = static_cast<int>(parse_int(a, value(), 10));
       o.repeats_given = true;
@@ -244,9 +285,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--list") {
       o.list = true;
     } else if (a == "--graphs") {
-      o.graphs = value();
+      const std::string v = value();
       try {
-        lstm::check_cuda_graphs(o.graphs, "--graphs");
+        o.graphs = lstm::graph_mode_from_name(v, "--graphs");
       } catch (const std::exception& e) {
         usage_error(e.what());
       }
@@ -266,6 +307,7 @@ Options parse_args(int argc, char** argv) {
       usage_error("unknown option '" + a + "'");
     }
   }
+  o.algos = expand_algos(o.algos);
   // --quick is a smoke test of the harness: the first case of each suite, two dtypes, the
   // smallest repeat count the suites allow, small ceilings. Its numbers are not to be quoted.
   if (o.quick) {
@@ -280,7 +322,7 @@ Options parse_args(int argc, char** argv) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The plan: cases, dtypes, modes, algorithms (host only; --list prints it without a GPU)
+// The plan: cases, dtypes, modes, backends (host only; --list prints it without a GPU)
 // ---------------------------------------------------------------------------------------------
 struct CaseSpec {
   int64_t L = 1, H = 0, I = 0, B = 0, T = 0;
@@ -300,6 +342,8 @@ struct CaseSpec {
     return s;
   }
   int64_t D() const { return bidir ? 2 : 1; }
+  lstm::Shape x_shape() const { return {T, B, I}; }
+  lstm::Shape out_shape() const { return {T, B, D() * H}; }
   double gflop(bool train) const {
     double f = 0;
     for (int64_t l = 0; l < L; ++l) {
@@ -311,51 +355,36 @@ struct CaseSpec {
   }
 };
 
-struct AlgoSel {
-  std::string label;  // as recorded in the JSON
-  bool naive = false;
-  lstm::Algo algo = lstm::Algo::Cudnn;
-  std::string cudnn_algo = "standard";
+struct DtypeSel {
+  lstm::DType dtype;
+  bool tf32;
 };
-
-AlgoSel parse_algo(const std::string& label) {
-  AlgoSel a;
-  a.label = label;
-  if (label == "naive") {
-    a.naive = true;
-  } else if (label.rfind("cudnn:", 0) == 0) {
-    a.algo = lstm::Algo::Cudnn;
-    a.cudnn_algo = label.substr(6);
-  } else {
-    try {
-      a.algo = lstm::algo_from_name(label);
-    } catch (const std::exception& e) {
-      usage_error(std::string("--algos: ") + e.what());
-    }
-    if (a.algo == lstm::Algo::Cudnn) a.label = "cudnn:standard";
-  }
-  return a;
+DtypeSel dtype_sel(const std::string& d) {
+  if (d == "fp32") return {lstm::DType::F32, false};
+  if (d == "tf32") return {lstm::DType::F32, true};
+  if (d == "bf16") return {lstm::DType::BF16, false};
+  return {lstm::DType::F16, false};
 }
 
-// Runs first: cuDNN standard (the parity claims need it), then the baseline and our kernels, then
-// cuDNN's persistent algorithms, persist_dynamic last (it is the slowest at large batch).
-int algo_priority(const std::string& label) {
-  if (label == "cudnn:standard") return 0;
-  if (label == "naive") return 1;
-  if (label == "cudnn:persist_static") return 3;
-  if (label == "cudnn:persist_static_small_h") return 4;
-  if (label == "cudnn:persist_dynamic") return 5;
-  if (label.rfind("cudnn:", 0) == 0) return 6;
-  return 2;
+// The options of every cell: only the dtype's math mode and --graphs vary.
+lstm::LstmOptions cell_options(const Options& opt, const DtypeSel& ds) {
+  lstm::LstmOptions o;
+  o.algo = lstm::Algo::Auto;  // read only by "auto"; a named row ignores it
+  o.allow_tf32 = ds.tf32;
+  o.cuda_graphs = opt.graphs;
+  // auto measures in this process, so that a run's picks never hang on an earlier run's cache.
+  o.auto_cache = "-";
+  return o;
 }
 
-std::vector<std::string> default_algos() {
-  std::vector<std::string> v;
-  for (const auto& n : lstm::cudnn_algo_names()) v.push_back("cudnn:" + n);
-  for (lstm::Algo a : lstm::available_algos())
-    if (a != lstm::Algo::Reference && a != lstm::Algo::Cudnn && a != lstm::Algo::Auto) v.push_back(lstm::algo_name(a));
-  v.push_back("naive");
-  return v;
+bool is_baseline(const std::string& algo) { return algo != kAuto && lstm::lstm_backend_entry(algo).baseline; }
+
+// Baselines are kept for comparison on the suites that compare with them, not timed everywhere.
+bool runs_case(const Options& opt, const std::string& algo, const CaseSpec& c) {
+  if (!is_baseline(algo)) return true;
+  for (const auto& s : c.suites)
+    if (contains(opt.baseline_suites, s)) return true;
+  return false;
 }
 
 struct Cell {
@@ -366,6 +395,7 @@ struct Cell {
 struct Plan {
   std::vector<CaseSpec> cases;
   std::vector<std::string> suites, dtypes, modes, algos;
+  std::string algos_note;  // how the default algos were chosen
   std::vector<Cell> cells;
   std::set<size_t> check_cases;
 };
@@ -377,8 +407,30 @@ int64_t get_int(const json& c, const char* key, int64_t dflt) {
   return c[key].get<int64_t>();
 }
 
-bool contains(const std::vector<std::string>& v, const std::string& s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
+// Every registry row that accepts at least one cell of the plan on the GPU (its why_not, host-side
+// checks only), then auto. Without a usable GPU the rows cannot say, so every row is listed.
+std::vector<std::string> default_algos(const Options& opt, Plan& p) {
+  std::vector<std::string> algos;
+  const bool gpu = lstm::cuda_available();
+  for (const auto& r : lstm::lstm_backends()) {
+    bool any = !gpu;
+    for (size_t c = 0; c < p.cases.size() && !any; ++c) {
+      if (!runs_case(opt, r.name, p.cases[c])) continue;
+      for (const auto& d : p.dtypes) {
+        const DtypeSel ds = dtype_sel(d);
+        if (r.why_not(p.cases[c].spec(), ds.dtype, lstm::Device::CUDA, cell_options(opt, ds)).empty()) {
+          any = true;
+          break;
+        }
+      }
+    }
+    if (any) algos.push_back(r.name);
+  }
+  algos.push_back(kAuto);
+  p.algos_note = gpu ? "every backend that accepts a cell, then auto"
+                     : "no usable GPU (" + lstm::cuda_unavailable_reason() +
+                           "): every backend listed, whether it accepts the cells or not";
+  return algos;
 }
 
 Plan make_plan(const Options& opt) {
@@ -413,19 +465,8 @@ Plan make_plan(const Options& opt) {
     p.dtypes = {"fp32", "tf32", "bf16", "fp16"};
   }
   p.modes = opt.modes.empty() ? std::vector<std::string>{"infer", "train"} : opt.modes;
-  std::vector<std::string> algo_items = opt.algos.empty() ? default_algos() : opt.algos;
-  for (const auto& a : algo_items) {
-    if (a == "cudnn") {
-      for (const auto& n : lstm::cudnn_algo_names())
-        if (!contains(p.algos, "cudnn:" + n)) p.algos.push_back("cudnn:" + n);
-      continue;
-    }
-    const std::string label = parse_algo(a).label;
-    if (!contains(p.algos, label)) p.algos.push_back(label);
-  }
 
   std::map<std::string, size_t> by_id;
-  std::map<size_t, std::vector<std::string>> case_suites;
   for (const auto& s : p.suites) {
     const json& cases = doc["suites"][s]["cases"];
     int taken = 0;
@@ -463,19 +504,14 @@ Plan make_plan(const Options& opt) {
     if (!found) usage_error("--case: no case of the chosen suites has the id '" + id + "' (see --list)");
   }
 
-  // Cells: algorithm passes in priority order; within a pass, the cheapest cells first, so that
-  // a time budget cuts the most expensive measurements of the least important algorithms.
-  std::vector<std::string> order = p.algos;
-  std::stable_sort(order.begin(), order.end(),
-                   [](const std::string& a, const std::string& b) { return algo_priority(a) < algo_priority(b); });
-  for (const auto& algo : order) {
+  p.algos = opt.algos.empty() ? default_algos(opt, p) : opt.algos;
+  if (!opt.algos.empty()) p.algos_note = "--algos";
+  // Cells: one pass per backend in the order of p.algos; within a pass, the cheapest cells first,
+  // so that a time budget cuts the most expensive measurements of the last backends.
+  for (const auto& algo : p.algos) {
     std::vector<Cell> pass;
     for (size_t c = 0; c < p.cases.size(); ++c) {
-      if (algo == "naive") {
-        bool any = false;
-        for (const auto& s : p.cases[c].suites) any = any || contains(opt.naive_suites, s);
-        if (!any) continue;
-      }
+      if (!runs_case(opt, algo, p.cases[c])) continue;
       for (const auto& d : p.dtypes)
         for (const auto& m : p.modes) pass.push_back({c, m, d, algo});
     }
@@ -502,19 +538,8 @@ Plan make_plan(const Options& opt) {
   r["mode"] = cell.mode;
   r["dtype"] = cell.dtype;
   r["algo"] = cell.algo;
+  r["baseline"] = is_baseline(cell.algo);
   r["gflop"] = c.gflop(cell.mode == "train");
-#if LSTM_HAVE_CUDA
-  // The algorithm PyTorch's rule (cudnn_algo "heuristic") picks for this case: the report compares
-  // PyTorch with that row, the same cuDNN algorithm on both sides.
-  if (cell.algo.rfind("cudnn:", 0) == 0 && lstm::cuda_available()) {
-    const lstm::LstmSpec spec = c.spec();
-    const lstm::DType dt =
-        cell.dtype == "bf16" ? lstm::DType::BF16 : (cell.dtype == "fp16" ? lstm::DType::F16 : lstm::DType::F32);
-    const cudaDeviceProp& prop = lstm::cuda::device_prop();
-    r["cudnn_heuristic"] = lstm::cudnn_heuristic_algo(spec, dt, c.T, c.B, false, cell.mode == "train", prop.major,
-                                                      prop.minor, prop.multiProcessorCount);
-  }
-#endif
   return r;
 }
 
@@ -534,17 +559,18 @@ std::string command_line(int argc, char** argv) {
   return s;
 }
 
-[[maybe_unused]] double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos)), hi = static_cast<size_t>(std::ceil(pos));
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
-
 void write_line(std::ofstream& out, const json& j) {
   // Flushed per line so that a run cut short by a time limit keeps what it measured.
   if (out.is_open()) out << j.dump() << "\n" << std::flush;
+}
+
+// One string per non-empty line of a backend's log().
+[[maybe_unused]] std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> v;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) v.push_back(line);
+  return v;
 }
 
 #if LSTM_HAVE_CUDA
@@ -554,17 +580,7 @@ void write_line(std::ofstream& out, const json& j) {
 using lstm::DType;
 using lstm::Device;
 using lstm::Tensor;
-
-struct DtypeSel {
-  DType dtype;
-  bool tf32;
-};
-DtypeSel dtype_sel(const std::string& d) {
-  if (d == "fp32") return {DType::F32, false};
-  if (d == "tf32") return {DType::F32, true};
-  if (d == "bf16") return {DType::BF16, false};
-  return {DType::F16, false};
-}
+using lstm::bench::percentile;
 
 // Relative L2 tolerances against the float64 CPU reference: DESIGN.md's per-layer output
 // tolerance times the layer count (errors compound through a stack); gradients, which also sum
@@ -577,105 +593,21 @@ std::pair<double, double> tolerances(const std::string& d, int64_t layers) {
   return {out, std::min(5 * out, 0.2)};
 }
 
-class Events {
- public:
-  ~Events() {
-    for (auto e : ev_) cudaEventDestroy(e);
-  }
-  cudaEvent_t operator[](size_t i) {
-    while (ev_.size() <= i) {
-      cudaEvent_t e;
-      LSTM_CUDA_CHECK(cudaEventCreate(&e));
-      ev_.push_back(e);
-    }
-    return ev_[i];
-  }
-
- private:
-  std::vector<cudaEvent_t> ev_;
-};
-
-// Times `count` calls of run(first + k), each between two events on the engine stream; prepare
-// runs before each, outside the timed region. Returns milliseconds per call.
-// host_us, when given, receives the host's time to issue each call (run only, microseconds): where
-// it approaches the device time, the case is bound by the host, not the GPU.
-std::vector<double> time_calls(Events& ev, int first, int count, const std::function<void(int)>& prepare,
-                               const std::function<void(int)>& run, std::vector<double>* host_us = nullptr) {
-  cudaStream_t s = lstm::cuda::stream();
-  if (host_us) host_us->clear();
-  for (int k = 0; k < count; ++k) {
-    if (prepare) prepare(first + k);
-    LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(k)], s));
-    const auto t0 = std::chrono::steady_clock::now();
-    run(first + k);
-    if (host_us)
-      host_us->push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    LSTM_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(k) + 1], s));
-  }
-  LSTM_CUDA_CHECK(cudaEventSynchronize(ev[2 * static_cast<size_t>(count) - 1]));
-  std::vector<double> ms(static_cast<size_t>(count));
-  for (int k = 0; k < count; ++k) {
-    float t = 0;
-    LSTM_CUDA_CHECK(cudaEventElapsedTime(&t, ev[2 * static_cast<size_t>(k)], ev[2 * static_cast<size_t>(k) + 1]));
-    ms[static_cast<size_t>(k)] = t;
-  }
-  return ms;
-}
-
-// --l2-whh: an L2 persisting access window on the engine stream for the life of the object.
-class L2Window {
- public:
-  L2Window() = default;
-  L2Window(const L2Window&) = delete;
-  L2Window& operator=(const L2Window&) = delete;
-  // What was set, as a JSON object (bytes persisting, window bytes, hit ratio).
-  json set(const void* p, size_t bytes) {
-    const cudaDeviceProp& prop = lstm::cuda::device_prop();
-    const size_t carve = std::min<size_t>(static_cast<size_t>(prop.persistingL2CacheMaxSize), bytes);
-    const size_t win = std::min<size_t>(static_cast<size_t>(prop.accessPolicyMaxWindowSize), bytes);
-    LSTM_CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, carve));
-    cudaStreamAttrValue v{};
-    v.accessPolicyWindow.base_ptr = const_cast<void*>(p);
-    v.accessPolicyWindow.num_bytes = win;
-    v.accessPolicyWindow.hitRatio = win ? std::min(1.0f, static_cast<float>(carve) / static_cast<float>(win)) : 0.0f;
-    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
-    LSTM_CUDA_CHECK(cudaStreamSetAttribute(lstm::cuda::stream(), cudaStreamAttributeAccessPolicyWindow, &v));
-    set_ = true;
-    return json{{"persisting_bytes", carve}, {"window_bytes", win}, {"hit_ratio", v.accessPolicyWindow.hitRatio}};
-  }
-  ~L2Window() {
-    if (!set_) return;
-    cudaStreamAttrValue v{};
-    v.accessPolicyWindow.num_bytes = 0;
-    (void)cudaStreamSetAttribute(lstm::cuda::stream(), cudaStreamAttributeAccessPolicyWindow, &v);
-    (void)cudaCtxResetPersistingL2Cache();
-    (void)cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
-  }
-
- private:
-  bool set_ = false;
-};
-
-// --pad-mib and the per-cell pads: N MiB of device memory, held while the tensor lives.
-Tensor held_mib(int64_t mib) { return mib > 0 ? Tensor::empty({mib << 20}, DType::U8, Device::CUDA) : Tensor(); }
-
-// --cooldown-ms: the GPU idles for `ms` (after finishing what is queued).
-void idle_gpu(double ms) {
-  if (ms <= 0) return;
-  lstm::cuda_synchronize();
-  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-}
-
 uint64_t seed_of(size_t a, size_t b, size_t c = 0) {
   return 0x5eedULL + 1000003ULL * a + 7919ULL * b + 104729ULL * c;
 }
 
+int64_t largest_slot(const Plan& plan) {
+  int64_t n = 0;
+  for (const auto& c : plan.cases)
+    n = std::max(n, lstm::bench::InputRotation::slot_elems(c.x_shape(), c.out_shape()));
+  return n;
+}
+
 class GpuBench {
  public:
-  GpuBench(const Options& opt, const Plan& plan, std::ofstream& out) : opt_(opt), plan_(plan), out_(out) {
-    l2_bytes_ = static_cast<size_t>(std::max(lstm::cuda::device_prop().l2CacheSize, 1 << 20));
-  }
+  GpuBench(const Options& opt, const Plan& plan, std::ofstream& out)
+      : opt_(opt), plan_(plan), out_(out), inputs_(largest_slot(plan)), cooldown_(opt.cooldown_ms) {}
 
   json header(int argc, char** argv) {
     json h;
@@ -694,19 +626,25 @@ class GpuBench {
                       {"clock_ghz", g.clock_ghz},
                       {"memory_bandwidth_gbs", g.memory_bandwidth_gbs}});
     h["gpus"] = list;
-    h["l2_mib"] = static_cast<double>(l2_bytes_) / (1 << 20);
+    h["l2_mib"] = static_cast<double>(inputs_.l2_bytes()) / (1 << 20);
     h["versions"] = lstm::cuda_versions();
     h["command"] = command_line(argc, argv);
     h["engine_stream"] = lstm::cuda::stream() == cudaStreamLegacy ? "legacy default stream" : "own non-blocking stream";
     if (const char* g = std::getenv("LSTM_CHECK_GIT_COMMIT")) h["git_commit"] = g;
+    json backends = json::array();
+    for (const auto& r : lstm::lstm_backends())
+      backends.push_back({{"name", r.name}, {"summary", r.summary}, {"baseline", r.baseline}});
+    h["backends"] = backends;
     h["suites_file"] = opt_.suites_file;
     h["suites"] = plan_.suites;
     h["dtypes"] = plan_.dtypes;
     h["modes"] = plan_.modes;
     h["algos"] = plan_.algos;
+    h["algos_chosen"] = plan_.algos_note;
+    h["baseline_suites"] = opt_.baseline_suites;
     h["repeats"] = opt_.repeats;
     h["warmup"] = opt_.warmup;
-    h["cuda_graphs"] = opt_.graphs;
+    h["cuda_graphs"] = lstm::graph_mode_name(opt_.graphs);
     h["max_cell_s"] = opt_.max_cell_s;
     h["cooldown_ms"] = opt_.cooldown_ms;
     h["pad_mib"] = opt_.pad_mib;
@@ -815,6 +753,8 @@ class GpuBench {
                   r["peak_mib"].get<double>());
       if (r.contains("host_us_per_call")) std::printf(" host %.0f us/call", r["host_us_per_call"].get<double>());
       if (r.contains("sm_mhz")) std::printf(" @%.0f MHz", r["sm_mhz"].get<double>());
+      if (r.contains("ran") && !r["ran"].get<std::string>().empty())
+        std::printf(" [%s]", r["ran"].get<std::string>().c_str());
       if (r.contains("check")) std::printf(" check %s", r["check"]["pass"].get<bool>() ? "ok" : "FAILED");
       std::printf("\n");
     }
@@ -846,8 +786,8 @@ class GpuBench {
       LSTM_CUDA_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &alpha, A.raw(), ct, ni, B.raw(), ct, ni,
                                    &beta, C.raw(), ct, ni, comp, CUBLAS_GEMM_DEFAULT));
     };
-    time_calls(events_, 0, 3, nullptr, run);
-    std::vector<double> ms = time_calls(events_, 0, 20, nullptr, run);
+    timer_.time(0, 3, nullptr, run);
+    std::vector<double> ms = timer_.time(0, 20, nullptr, run);
     const double med = percentile(ms, 0.5);
     LSTM_REQUIRE(lstm::bench::count_non_finite(C.raw(), dt, C.numel()) == 0, "GEMM ceiling: non-finite result");
     return {{"kind", "ceiling"},
@@ -874,8 +814,8 @@ class GpuBench {
       LSTM_CUDA_CHECK(
           cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, lstm::cuda::stream()));
     };
-    time_calls(events_, 0, 3, nullptr, run);
-    std::vector<double> ms = time_calls(events_, 0, 20, nullptr, run);
+    timer_.time(0, 3, nullptr, run);
+    std::vector<double> ms = timer_.time(0, 20, nullptr, run);
     const double med = percentile(ms, 0.5);
     return {{"kind", "ceiling"},
             {"impl", "ours"},
@@ -888,60 +828,8 @@ class GpuBench {
             {"note", "cudaMemcpyAsync device to device; bytes read + written"}};
   }
 
-  // One random pool per storage dtype, from which every case's x and d_output are views.
-  Tensor& pool(DType dt) {
-    auto it = pools_.find(dt);
-    if (it != pools_.end()) return it->second;
-    const size_t es = lstm::dtype_size(dt);
-    int64_t elems = static_cast<int64_t>(4 * l2_bytes_ / es);
-    for (const auto& c : plan_.cases) elems = std::max(elems, 2 * slot_elems(c, true));
-    Tensor t = Tensor::empty({elems}, dt, Device::CUDA);
-    lstm::bench::fill_uniform(t.raw(), dt, elems, -1.0f, 1.0f, 1000 + static_cast<uint64_t>(dt));
-    return pools_.emplace(dt, t).first->second;
-  }
-  static int64_t align_up(int64_t n) { return (n + 127) / 128 * 128; }
-  static int64_t slot_elems(const CaseSpec& c, bool train) {
-    return align_up(c.T * c.B * c.I) + (train ? align_up(c.T * c.B * c.D() * c.H) : 0);
-  }
-
-  struct Inputs {
-    std::vector<Tensor> xs, douts;  // one per call of the cell, cycled
-    Tensor x0, dout0;               // at the start of the pool: the same values in every cell
-    size_t x_bytes = 0, dout_bytes = 0;
-  };
-  // Each call of a cell reads its own slot of the pool, taken in turn from a cursor that runs
-  // through the whole pool (>= 4x L2) across cells, so no call finds its inputs in L2 from an
-  // earlier call.
-  Inputs make_inputs(const CaseSpec& c, DType dt, bool train) {
-    Tensor& p = pool(dt);
-    const int64_t slot = slot_elems(c, train);
-    const int64_t x_n = c.T * c.B * c.I, d_n = c.T * c.B * c.D() * c.H;
-    const int64_t max_slots = p.numel() / slot;
-    LSTM_CHECK(max_slots >= 1, "input pool too small");
-    const int64_t nbuf = std::min<int64_t>(max_slots, 2 * opt_.warmup + kMaxExtraWarmup + opt_.repeats + 1);
-    int64_t& cur = cursor_[dt];
-    auto take = [&](int64_t off, Inputs& in) {
-      in.xs.push_back(p.slice0(off, off + x_n).reshape({c.T, c.B, c.I}));
-      if (train) {
-        const int64_t doff = off + align_up(x_n);
-        in.douts.push_back(p.slice0(doff, doff + d_n).reshape({c.T, c.B, c.D() * c.H}));
-      }
-    };
-    Inputs in;
-    for (int64_t k = 0; k < nbuf; ++k) {
-      if (cur + slot > p.numel()) cur = 0;
-      take(cur, in);
-      cur += slot;
-    }
-    in.x0 = p.slice0(0, x_n).reshape({c.T, c.B, c.I});
-    in.dout0 = p.slice0(align_up(x_n), align_up(x_n) + d_n).reshape({c.T, c.B, c.D() * c.H});
-    in.x_bytes = in.xs[0].nbytes();
-    in.dout_bytes = train ? in.douts[0].nbytes() : 0;
-    return in;
-  }
-
   // The float64 CPU reference of a case in one storage dtype (same weights and inputs as every
-  // algorithm's cell: they are drawn from seeds that depend on the case and tensor only).
+  // row of that case and dtype; cached, as the values depend on the case and dtype only).
   struct Reference {
     Tensor out, dx;
     std::vector<Tensor> dw;
@@ -957,63 +845,52 @@ class GpuBench {
       w64.push_back(t.cpu().to(DType::F64));
       dw64.push_back(Tensor::zeros(t.shape(), DType::F64));
     }
-    lstm::LstmBackend& rb = lstm::lstm_backend(lstm::Algo::Reference, spec, DType::F64, Device::CPU);
+    lstm::LstmOptions o;
+    o.algo = lstm::Algo::Reference;
+    auto rb = lstm::make_lstm_backend(o, spec, DType::F64, Device::CPU);
+    const lstm::ExecContext cpu = lstm::ExecContext::cpu();
     lstm::LstmInput in;
     in.x = x.cpu().to(DType::F64);
     lstm::Rng rng(1);
     std::unique_ptr<lstm::LstmSaved> saved;
     Reference r;
-    r.out = rb.forward(spec, w64, in, true, &rng, &saved).output;
+    r.out = rb->forward(w64, in, true, &rng, &saved, cpu).output;
     lstm::LstmGradOutput g;
     g.d_output = dout.cpu().to(DType::F64);
-    r.dx = rb.backward(spec, w64, *saved, g, dw64).d_x;
+    r.dx = rb->backward(w64, *saved, g, dw64, cpu).d_x;
     r.dw = dw64;
     return refs_.emplace(key, std::move(r)).first->second;
-  }
-
-  // The SM clock now, in MHz: a fixed number of clock64() cycles on one thread, timed with events
-  // (bench_gpu_torch.py measures it alike with torch.cuda._sleep). Called right after a timed
-  // loop, it reads the clock that loop ran at (boost and power limits move it between runs).
-  double sm_clock_mhz() {
-    constexpr long long kCycles = 2'000'000;  // about 1 ms at the H200's 1980 MHz boost
-    const double ms = time_calls(events_, 0, 1, nullptr, [](int) { lstm::bench::spin_cycles(kCycles); })[0];
-    return ms > 0 ? static_cast<double>(kCycles) / (ms * 1e3) : 0.0;
   }
 
   void run_cell(const Cell& cell, json& row) {
     const CaseSpec& c = plan_.cases[cell.c];
     const bool train = cell.mode == "train";
     const DtypeSel ds = dtype_sel(cell.dtype);
-    const AlgoSel as = parse_algo(cell.algo);
     try {
       const lstm::LstmSpec spec = c.spec();
-      Inputs in = make_inputs(c, ds.dtype, train);  // views into the pool (made on first use)
+      const lstm::ExecContext ctx = lstm::ExecContext::current(Device::CUDA);
+      // Views into the pool (made on first use), one per call the cell can make.
+      lstm::bench::InputRotation::Views in =
+          inputs_.take(ds.dtype, c.x_shape(), train ? c.out_shape() : lstm::Shape{},
+                       2 * opt_.warmup + kMaxExtraWarmup + opt_.repeats + 1);
       lstm::cuda_synchronize();
       const size_t base = lstm::arena_stats().in_use_bytes;
       lstm::arena_reset_peak();
 
       std::unique_ptr<lstm::LstmBackend> be;
-      std::unique_ptr<lstm::bench::NaiveLstm> naive;
       lstm::LstmBackend::FlatLayout layout;
       try {
-        if (as.naive) {
-          naive = std::make_unique<lstm::bench::NaiveLstm>(spec, ds.dtype, ds.tf32);
-        } else {
-          lstm::LstmOptions o;
-          o.algo = as.algo;
-          o.cudnn_algo = as.cudnn_algo;
-          o.allow_tf32 = ds.tf32;
-          o.cuda_graphs = opt_.graphs;
-          be = lstm::make_lstm_backend(o, spec, ds.dtype, Device::CUDA);
-          layout = be->flat_layout(spec, ds.dtype);
-        }
+        const lstm::LstmOptions o = cell_options(opt_, ds);
+        be = cell.algo == kAuto ? lstm::make_lstm_backend(o, spec, ds.dtype, Device::CUDA)
+                                : lstm::make_lstm_backend(cell.algo, o, spec, ds.dtype, Device::CUDA);
+        layout = be->flat_layout(ds.dtype);
       } catch (const std::exception&) {
-        row["rejected"] = true;  // the algorithm refused the case up front (not a failure while running)
+        row["rejected"] = true;  // the backend refused the case up front (not a failure while running)
         throw;
       }
-      const Tensor pad_w = held_mib(opt_.pad_weights_mib);
+      const Tensor pad_w = lstm::bench::held_mib(opt_.pad_weights_mib);
       std::vector<Tensor> w = lstm::make_flat_weights(spec, layout, ds.dtype, Device::CUDA);
-      const Tensor pad_work = held_mib(opt_.pad_work_mib);
+      const Tensor pad_work = lstm::bench::held_mib(opt_.pad_work_mib);
       const float k = 1.0f / std::sqrt(static_cast<float>(c.H));
       if (!layout.offsets.empty())  // the gaps of the flat buffer too, so nothing is uninitialised
         lstm::bench::fill_uniform(static_cast<char*>(w[0].raw()) - layout.offsets[0], ds.dtype,
@@ -1022,10 +899,13 @@ class GpuBench {
         lstm::bench::fill_uniform(w[i].raw(), ds.dtype, w[i].numel(), -k, k, seed_of(cell.c, i));
       std::vector<Tensor> dw;
       if (train) dw = lstm::make_flat_weights(spec, layout, ds.dtype, Device::CUDA);
-      L2Window l2win;
+      lstm::bench::L2Window l2win;
       if (opt_.l2_whh) {
         const Tensor& whh = w[static_cast<size_t>(spec.slots(0, 0).w_hh)];
-        row["l2_window"] = l2win.set(whh.raw(), whh.nbytes());
+        const auto set = l2win.set(whh.raw(), whh.nbytes());
+        row["l2_window"] = {{"persisting_bytes", set.persisting_bytes},
+                            {"window_bytes", set.window_bytes},
+                            {"hit_ratio", set.hit_ratio}};
       }
       auto zero_dw = [&](int) {
         if (!train) return;
@@ -1040,59 +920,42 @@ class GpuBench {
       lstm::LstmGradOutput gout;
       lstm::LstmOutput out;
       lstm::LstmGrads grads;
-      Tensor nout, ndx;
       lstm::Rng rng(seed_of(cell.c, 999));
       const size_t nbuf = in.xs.size();
       auto run = [&](int i) {
         const size_t b = static_cast<size_t>(i) % nbuf;
-        if (naive) {
-          nout = Tensor();
-          ndx = Tensor();
-          nout = naive->forward(w, in.xs[b], train);
-          if (train) ndx = naive->backward(w, in.douts[b], dw);
-          return;
-        }
         out = lstm::LstmOutput{};
         grads = lstm::LstmGrads{};
         lin.x = in.xs[b];
         if (train) {
           std::unique_ptr<lstm::LstmSaved> saved;
-          out = be->forward(spec, w, lin, true, &rng, &saved);
+          out = be->forward(w, lin, true, &rng, &saved, ctx);
           gout.d_output = in.douts[b];
-          grads = be->backward(spec, w, *saved, gout, dw);
+          grads = be->backward(w, *saved, gout, dw, ctx);
         } else {
-          out = be->forward(spec, w, lin, false, nullptr, nullptr);
+          out = be->forward(w, lin, false, nullptr, nullptr, ctx);
         }
       };
-      auto result_out = [&]() -> const Tensor& { return naive ? nout : out.output; };
-      auto result_dx = [&]() -> const Tensor& { return naive ? ndx : grads.d_x; };
 
-      // --cooldown-ms: the GPU idles first, as long as the previous cell kept it busy.
-      const double cooldown = std::min(opt_.cooldown_ms, busy_ms_);
-      idle_gpu(cooldown);
-      busy_ms_ = 0;
-      // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. With
-      // CUDA graphs the warm-up goes on until the backend has settled how the cell's calls run
-      // (under "auto" a few measured eager calls, a capture and a few measured replays), at most
-      // kMaxExtraWarmup more calls.
-      std::vector<double> wms = time_calls(events_, 0, opt_.warmup, zero_dw, run);
+      const double cooldown = cooldown_.before_cell();
+      // Warm-up (also builds plans, JIT-compiled kernels and arena blocks), then the repeats. The
+      // warm-up goes on until the backend has settled how the cell's calls run (CUDA graphs under
+      // "auto": a few measured eager calls, a capture and a few measured replays; auto's timing
+      // of every backend), at most kMaxExtraWarmup more calls.
+      std::vector<double> wms = timer_.time(0, opt_.warmup, zero_dw, run);
       int warmup = opt_.warmup;
-      const auto* cb = dynamic_cast<const lstm::CudnnLstmBackend*>(be.get());
-      while (cb && !cb->graphs_settled() && warmup < opt_.warmup + kMaxExtraWarmup) {
-        wms.push_back(time_calls(events_, warmup, 1, zero_dw, run)[0]);
+      while (!be->settled() && warmup < opt_.warmup + kMaxExtraWarmup) {
+        wms.push_back(timer_.time(warmup, 1, zero_dw, run)[0]);
         ++warmup;
       }
-      // --cooldown-ms: settling took extra calls (bench_gpu_torch.py has none), so the GPU idles
-      // again for as long as the warm-up kept it busy and warms up afresh with --warmup calls;
-      // the timed calls then start from the same history as PyTorch's: an idle GPU and --warmup
-      // calls.
+      // Settling took calls bench_gpu_torch.py does not make: idle again and warm up afresh, so
+      // the timed calls start from the same history as PyTorch's (Cooldown::after_settling).
       double settle_cooldown = 0;
-      if (opt_.cooldown_ms > 0 && warmup > opt_.warmup) {
+      if (cooldown_.limit_ms() > 0 && warmup > opt_.warmup) {
         double settle_busy = 0;
         for (double t : wms) settle_busy += t;
-        settle_cooldown = std::min(opt_.cooldown_ms, settle_busy);
-        idle_gpu(settle_cooldown);
-        for (double t : time_calls(events_, warmup, opt_.warmup, zero_dw, run)) wms.push_back(t);
+        settle_cooldown = cooldown_.after_settling(settle_busy);
+        for (double t : timer_.time(warmup, opt_.warmup, zero_dw, run)) wms.push_back(t);
         warmup += opt_.warmup;
       }
       const double probe = wms.back();
@@ -1106,17 +969,17 @@ class GpuBench {
         capped = repeats < opt_.repeats;
       }
       std::vector<double> host_us;
-      std::vector<double> ms = time_calls(events_, warmup, repeats, zero_dw, run, &host_us);
-      const double sm_mhz = sm_clock_mhz();  // the clock the loop above ran at
-      for (double t : wms) busy_ms_ += t;
-      for (double t : ms) busy_ms_ += t;
+      std::vector<double> ms = timer_.time(warmup, repeats, zero_dw, run, &host_us);
+      const double sm_mhz = lstm::bench::sm_clock_mhz(timer_);  // the clock the loop above ran at
+      for (double t : wms) cooldown_.busy(t);
+      for (double t : ms) cooldown_.busy(t);
 
       // A timing of a computation that went non-finite is no timing.
-      const Tensor& o = result_out();
+      const Tensor& o = out.output;
       LSTM_REQUIRE(o.defined() && lstm::bench::count_non_finite(o.raw(), o.dtype(), o.numel()) == 0,
                    "non-finite (or missing) output");
       if (train) {
-        const Tensor& dx = result_dx();
+        const Tensor& dx = grads.d_x;
         LSTM_REQUIRE(dx.defined() && lstm::bench::count_non_finite(dx.raw(), dx.dtype(), dx.numel()) == 0,
                      "non-finite (or missing) d_x");
         for (const auto& t : dw)
@@ -1135,19 +998,16 @@ class GpuBench {
       row["peak_mib"] = static_cast<double>(peak + in.x_bytes + in.dout_bytes) / (1 << 20);
       row["repeats"] = repeats;
       row["warmup"] = warmup;
-      if (cb) {
-        row["graphs"] = opt_.graphs;
-        row["graphs_settled"] = cb->graphs_settled();
-        row["graph_captures"] = cb->graph_counts().captures;  // over the whole cell, warm-up included
-        row["graph"] = cb->last_graph();  // how the last timed call (its backward, in training) ran
-        // auto's measurements and verdicts for this cell (the backend is the cell's own), or why
-        // a shape runs eagerly: one string per line.
-        std::vector<std::string> notes;
-        std::istringstream log(cb->graph_log());
-        for (std::string line; std::getline(log, line);)
-          if (!line.empty()) notes.push_back(line);
-        row["graph_decisions"] = notes;
-      }
+      // How the backend ran the cell, in its own words: the last timed call (its backward, in
+      // training), whether its decisions were made, its graphs over the whole cell (warm-up
+      // included) and what it measured and decided (the backend is the cell's own).
+      row["ran"] = be->last_run();
+      row["graphs"] = lstm::graph_mode_name(opt_.graphs);
+      row["settled"] = be->settled();
+      const auto gc = be->graph_counts();
+      row["graph_captures"] = gc.captures;
+      row["graph_replays"] = gc.replays;
+      row["log"] = lines_of(be->log());
       row["host_us_per_call"] = percentile(host_us, 0.5);
       row["sm_mhz"] = sm_mhz;
       row["first_call_ms"] = wms.front();
@@ -1166,11 +1026,11 @@ class GpuBench {
         lstm::cuda_synchronize();
         const auto tol = tolerances(cell.dtype, c.L);
         json chk;
-        const double e_out = lstm::rel_l2_error(result_out(), ref.out);
+        const double e_out = lstm::rel_l2_error(out.output, ref.out);
         bool pass = e_out < tol.first;
         chk["output_rel_l2"] = e_out;
         if (train) {
-          const double e_dx = lstm::rel_l2_error(result_dx(), ref.dx);
+          const double e_dx = lstm::rel_l2_error(grads.d_x, ref.dx);
           double e_dw = 0;
           for (size_t i = 0; i < dw.size(); ++i) e_dw = std::max(e_dw, lstm::rel_l2_error(dw[i], ref.dw[i]));
           chk["d_x_rel_l2"] = e_dx;
@@ -1204,13 +1064,11 @@ class GpuBench {
   const Options& opt_;
   const Plan& plan_;
   std::ofstream& out_;
-  size_t l2_bytes_ = 0;
-  Events events_;
-  std::map<DType, Tensor> pools_;
-  std::map<DType, int64_t> cursor_;  // next free element of each pool
+  lstm::bench::EventTimer timer_;
+  lstm::bench::InputRotation inputs_;
+  lstm::bench::Cooldown cooldown_;
   std::map<std::pair<size_t, int>, Reference> refs_;
   std::map<std::string, double> best_ms_;
-  double busy_ms_ = 0;  // GPU time of the previous cell's calls (--cooldown-ms)
   std::string fatal_;
   int check_failures_ = 0;
 };
@@ -1225,7 +1083,7 @@ int main(int argc, char** argv) {
     if (opt.list) {
       std::printf("%zu cases, %zu cells (suites:", plan.cases.size(), plan.cells.size());
       for (const auto& s : plan.suites) std::printf(" %s", s.c_str());
-      std::printf("; checked cases: %zu)\n", plan.check_cases.size());
+      std::printf("; checked cases: %zu; backends: %s)\n", plan.check_cases.size(), plan.algos_note.c_str());
       for (const auto& cell : plan.cells)
         std::printf("%-28s %-26s %-5s %-4s %10.2f GFLOP\n", cell.algo.c_str(), plan.cases[cell.c].id().c_str(),
                     cell.mode.c_str(), cell.dtype.c_str(), plan.cases[cell.c].gflop(cell.mode == "train"));
@@ -1252,11 +1110,11 @@ int main(int argc, char** argv) {
     }
 #if LSTM_HAVE_CUDA
     // --pad-mib: held for the whole run, so every buffer after it lands elsewhere in memory.
-    const Tensor pad = held_mib(opt.pad_mib);
+    const Tensor pad = lstm::bench::held_mib(opt.pad_mib);
     GpuBench bench(opt, plan, out);
     json h = bench.header(argc, argv);
     write_line(out, h);
-    std::printf("bench_gpu_lstm: %s; %s\n%zu cases x modes x dtypes x algorithms = %zu cells; warm-up %d, "
+    std::printf("bench_gpu_lstm: %s; %s\n%zu cases x modes x dtypes x backends = %zu cells; warm-up %d, "
                 "median of %d; budget %s, cap %.2f s per slow cell\n",
                 h["gpu"].get<std::string>().c_str(), h["versions"].get<std::string>().c_str(), plan.cases.size(),
                 plan.cells.size(), opt.warmup, opt.repeats,

@@ -3,7 +3,8 @@
 // meaning: the data layout (SEQ_MAJOR_PACKED with padded I/O off, or SEQ_MAJOR_UNPACKED with
 // padded I/O on, which is what PyTorch passes for a plain tensor) and the math type (FMA, DEFAULT,
 // TENSOR_OP, TENSOR_OP_ALLOW_CONVERSION), for cuDNN's standard and persist_static algorithms. It is
-// how the settings of src/cudnn/lstm_cudnn.cpp were chosen (docs/PERFORMANCE.md).
+// how the settings of src/cudnn/lstm_cudnn.cpp were chosen
+// (docs/perf/log_2026-11-29_to_2026-12-01.md).
 //
 // All variants of one case and dtype share one weight space and one rotating input pool (>= 4x the
 // L2), and are timed in interleaved rounds (round r times every variant in turn), so a clock drift
@@ -20,8 +21,8 @@
 // --null-stream adds raw calls with PyTorch's settings on the legacy default stream (the stream
 // nn.LSTM runs on unless told otherwise), and nn.LSTM's exact call (unpacked layout, padded I/O,
 // zero h0/c0 tensors rather than null pointers) on either stream: to tell what makes PyTorch's
-// runs of the same cuDNN faster on some shapes (docs/PERFORMANCE.md). The engine stream is the
-// legacy default stream itself unless LSTM_CUDA_STREAM=own (src/core/cuda_rt.cpp); run with
+// runs of the same cuDNN faster on some shapes (docs/perf/log_2026-11-29_to_2026-12-01.md). The
+// engine stream is the legacy default stream itself unless LSTM_CUDA_STREAM=own (src/core/cuda_rt.cpp); run with
 // LSTM_CUDA_STREAM=own to compare a stream of our own with the legacy one.
 //
 // One JSON object per line (also printed as a table on stdout). Without a GPU it says so and exits 0.
@@ -159,7 +160,7 @@ struct Variant {
   cudnnRNNAlgo_t algo;
   bool packed;
   cudnnMathType_t math;
-  bool engine = false;  // our cuDNN backend (make_lstm_backend, cudnn_algo = algo), not a raw call
+  bool engine = false;  // our cuDNN backend (the registry row cudnn:<algo>), not a raw call
   bool null_stream = false;  // a raw call on a handle bound to the legacy default stream (PyTorch's default)
   bool zero_state = false;   // hx/cx passed as zero tensors (as nn.LSTM does) instead of null pointers
   std::string name() const {
@@ -271,10 +272,9 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
     if (v.engine) {
       try {
         lstm::LstmOptions lo;
-        lo.algo = lstm::Algo::Cudnn;
-        lo.cudnn_algo = v.algo == CUDNN_RNN_ALGO_STANDARD ? "standard" : "persist_static";
         lo.allow_tf32 = dts == "tf32";
-        r->be = lstm::make_lstm_backend(lo, spec, dt, Device::CUDA);
+        r->be = lstm::make_lstm_backend(v.algo == CUDNN_RNN_ALGO_STANDARD ? "cudnn:standard" : "cudnn:persist_static",
+                                        lo, spec, dt, Device::CUDA);
       } catch (const std::exception& e) {
         r->error = e.what();
       }
@@ -313,7 +313,7 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
   std::vector<Tensor> wv;
   for (auto& r : runs) {
     if (!r->be) continue;
-    const lstm::LstmBackend::FlatLayout lay = r->be->flat_layout(spec, dt);
+    const lstm::LstmBackend::FlatLayout lay = r->be->flat_layout(dt);
     LSTM_CHECK(lay.bytes == wbytes, "the engine's weight space differs from the raw one");
     if (wv.empty()) {
       wv = lstm::make_flat_weights(spec, lay, dt, Device::CUDA);
@@ -349,21 +349,22 @@ void probe(const Case& c, const std::string& dts, const std::string& mode, const
 
   int64_t slot = 0;
   const lstm::Shape xshape{c.T, c.B, c.I};
+  const lstm::ExecContext ctx = lstm::ExecContext::current(Device::CUDA);
   auto call = [&](Run& r, int64_t sl) {
     const void* xp = static_cast<const char*>(xs.raw()) + sl * xn * esz;
     if (r.be) {
       lstm::LstmInput in;
       in.x = xs.reshape({nslots * c.T, c.B, c.I}).slice0(sl * c.T, (sl + 1) * c.T);
       if (!train) {
-        r.last = r.be->forward(spec, wv, in, false, nullptr, nullptr).output;
+        r.last = r.be->forward(wv, in, false, nullptr, nullptr, ctx).output;
         return;
       }
       lstm::Rng drng(1);
       std::unique_ptr<lstm::LstmSaved> saved;
-      lstm::LstmOutput out = r.be->forward(spec, wv, in, true, &drng, &saved);
+      lstm::LstmOutput out = r.be->forward(wv, in, true, &drng, &saved, ctx);
       lstm::LstmGradOutput g;
       g.d_output = dy.reshape({c.T, c.B, c.H});
-      r.be->backward(spec, wv, *saved, g, dwv);
+      r.be->backward(wv, *saved, g, dwv, ctx);
       r.last = out.output;
       return;
     }

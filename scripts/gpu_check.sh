@@ -53,7 +53,8 @@
 #                             bench/*.jsonl with gpu_report.py (ceilings and checks: round 1 only)
 #   LSTM_GPU_PAD_STEP_MIB (6) round N runs both benches with --pad-mib (N-1) x this: each round's
 #                             buffers land elsewhere in device memory, where the same cuDNN call
-#                             ran up to 17% apart (docs/PERFORMANCE.md, 2026-12-01 fourth session)
+#                             ran up to 17% apart (docs/perf/log_2026-11-29_to_2026-12-01.md,
+#                             fourth session)
 #   LSTM_GPU_BENCH_BUDGET_S (210), LSTM_GPU_TORCH_BUDGET_S (100)   seconds of cells per bench;
 #                             cells not started in time are recorded as "not run"
 #   LSTM_GPU_MAX_CELL_S (0.5) cap per cell for an algorithm > 3x slower than the case's best

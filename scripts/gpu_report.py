@@ -6,21 +6,25 @@ checks, and PNG plots.
   python3 scripts/gpu_report.py --in ours.jsonl --in torch.jsonl [--suites-file bench/suites.json]
           [--json gpu_results.json] [--md gpu_report.md] [--png-dir DIR]
 
-Table columns: case; ms of each of our algorithms (cuDNN's standard, persist_static,
-persist_dynamic, persist_static_small_h, our own kernels when present, the naive baseline on
-`paper`); the best of ours (the naive baseline excluded) and which it is; torch ms; torch/ours for
-cuDNN standard (the parity claim) and for the best; TFLOP/s of the best and its fraction of the
-cuBLAS GEMM rate measured in the same run for that dtype; peak MiB (ours best / torch).
+Table columns: case; ms of each of our backends (the rows of the LSTM registry that
+bench_gpu_lstm timed: "cudnn" = cuDNN with PyTorch's algorithm rule, each pinned cuDNN algorithm
+"cudnn:<algo>", our own kernels, "auto", and the baselines such as "naive" on `paper`); the best of
+ours (baselines excluded: rows with "baseline": true, and "naive" in older files) and which it is;
+torch ms; torch/ours for cuDNN standard and for the best; TFLOP/s of the best and its fraction of
+the cuBLAS GEMM rate measured in the same run for that dtype; peak MiB (ours best / torch).
+Row names are stable across versions of the harness (old rows' "cudnn:standard" is the new
+"cudnn:standard"), so raw files of older runs merge with new ones.
 "rej." = the algorithm rejected the case, "err" = it failed, "n/r" = not run (time budget),
 "-" = no row; a "*" marks a row whose repeats were capped (an algorithm > 3x slower than the best).
 
 Checks (each case listed with PASS / FAIL / MISSING; none left out):
   parity   deepbench_train and throughput, every mode and dtype: ours within 5% of torch
-           (ours_ms <= 1.05 * torch_ms) with the cuDNN algorithm PyTorch's rule picks for the case
-           (bench_gpu_lstm records it as cudnn_heuristic; rows without it: cuDNN standard)
+           (ours_ms <= 1.05 * torch_ms) with the cuDNN algorithm PyTorch's rule picks for the case:
+           the "cudnn" row (which runs that rule; its "ran" says which algorithm), else, in older
+           files, the pinned row their "cudnn_heuristic" names, else cuDNN standard
   latency  latency suite, infer, every dtype: ours with cuDNN's best algorithm faster than torch
-A "cuda_graphs" table counts our rows per suite and mode by how they ran cuDNN (replayed, or eager
-and why, from each row's "graph" and "graph_decisions").
+A "cuda_graphs" table counts our rows per suite and mode by how they ran their calls (replayed, or
+eager and why, from each row's "ran" and "log"; older files: "graph" and "graph_decisions").
 Rows repeated over rounds (LSTM_GPU_ROUNDS of gpu_check.sh): each cell keeps its fastest round,
 for ours and torch alike, with every round's ms in "ms_rounds".
 A missed goal is reported, never an error: the exit status is 0 unless the inputs cannot be read.
@@ -35,9 +39,12 @@ import sys
 
 DTYPE_ORDER = ["fp32", "tf32", "bf16", "fp16"]
 MODE_ORDER = ["infer", "train"]
-CUDNN_ORDER = ["cudnn:standard", "cudnn:persist_static", "cudnn:persist_dynamic", "cudnn:persist_static_small_h"]
-SHORT = {"cudnn:standard": "std", "cudnn:persist_static": "p_static", "cudnn:persist_dynamic": "p_dynamic",
-         "cudnn:persist_static_small_h": "p_small_h"}
+CUDNN_ORDER = ["cudnn", "cudnn:standard", "cudnn:persist_static", "cudnn:persist_dynamic",
+               "cudnn:persist_static_small_h"]
+SHORT = {"cudnn": "cudnn", "cudnn:standard": "std", "cudnn:persist_static": "p_static",
+         "cudnn:persist_dynamic": "p_dynamic", "cudnn:persist_static_small_h": "p_small_h"}
+# Baselines of files written before rows carried "baseline".
+OLD_BASELINES = {"naive"}
 PARITY_SUITES = ["deepbench_train", "throughput"]
 PARITY_LIMIT = 1.05
 LATENCY_SUITE = "latency"
@@ -63,12 +70,23 @@ def read_lines(paths):
     return headers, ceilings, rows
 
 
-def algo_sort_key(a):
+def baseline_algos(rows):
+    """Names of our baseline rows: kept for comparison, never "the best of ours"."""
+    return OLD_BASELINES | {r["algo"] for r in rows if r.get("baseline") and r.get("algo")}
+
+
+def is_cudnn(a):
+    return a == "cudnn" or a.startswith("cudnn:")
+
+
+def algo_sort_key(a, baselines=frozenset(OLD_BASELINES)):
     if a in CUDNN_ORDER:
         return (0, CUDNN_ORDER.index(a))
     if a.startswith("cudnn:"):
         return (1, a)
-    if a == "naive":
+    if a in baselines:
+        return (4, a)
+    if a == "auto":
         return (3, a)
     return (2, a)
 
@@ -174,8 +192,9 @@ def build(headers, ceilings, rows, suites_doc):
     dtypes = [d for d in DTYPE_ORDER if any(k[3] == d for k in index)]
     if not dtypes:
         dtypes = list(suites_doc.get("dtypes", DTYPE_ORDER)) if suites_doc else DTYPE_ORDER
+    baselines = baseline_algos(rows)
     ours_algos = sorted({k[4] for k, r in index.items() if r.get("impl", "ours") != "torch" and k[4]},
-                        key=algo_sort_key)
+                        key=lambda a: algo_sort_key(a, baselines))
     rates = ceiling_rates(ceilings)
 
     tables = []
@@ -190,8 +209,8 @@ def build(headers, ceilings, rows, suites_doc):
                     # torch.cuda.CUDAGraph replays of nn.LSTM (bench_gpu_torch.py --graphs): context only.
                     tgraph_row = index.get((s, c, m, d, "torch_graph"))
                     std = per.get("cudnn:standard")
-                    cands = [(r["ms"], a) for a, r in per.items() if a != "naive" and is_ok(r)]
-                    cudnn_cands = [(r["ms"], a) for a, r in per.items() if a.startswith("cudnn:") and is_ok(r)]
+                    cands = [(r["ms"], a) for a, r in per.items() if a not in baselines and is_ok(r)]
+                    cudnn_cands = [(r["ms"], a) for a, r in per.items() if is_cudnn(a) and is_ok(r)]
                     best = min(cands) if cands else None
                     best_cudnn = min(cudnn_cands) if cudnn_cands else None
                     best_row = per[best[1]] if best else None
@@ -249,17 +268,23 @@ def run_checks(model, headers):
         for m in model["modes"]:
             for d in model["dtypes"]:
                 for c in suite_cases.get(s, []):
-                    # Same cuDNN algorithm on both sides: the one PyTorch's rule picks (recorded
-                    # by bench_gpu_lstm as cudnn_heuristic), else standard.
+                    # Same cuDNN algorithm on both sides: the "cudnn" row runs PyTorch's rule;
+                    # older files name the rule's pick in cudnn_heuristic; else standard.
                     ours_algo = "cudnn:standard"
-                    for (ss, cc, mm, dd, a), r in index.items():
-                        if (ss, cc, mm, dd) == (s, c, m, d) and r.get("cudnn_heuristic"):
-                            ours_algo = "cudnn:" + r["cudnn_heuristic"]
-                            break
+                    if (s, c, m, d, "cudnn") in index:
+                        ours_algo = "cudnn"
+                    else:
+                        for (ss, cc, mm, dd, a), r in index.items():
+                            if (ss, cc, mm, dd) == (s, c, m, d) and r.get("cudnn_heuristic"):
+                                ours_algo = "cudnn:" + r["cudnn_heuristic"]
+                                break
                     ours, ours_err = ms_of(s, c, m, d, ours_algo)
                     torch_ms, torch_err = ms_of(s, c, m, d, "torch")
                     item = {"suite": s, "case": c, "mode": m, "dtype": d, "ours_algo": ours_algo,
                             "ours_ms": ours, "torch_ms": torch_ms}
+                    ran = (index.get((s, c, m, d, ours_algo)) or {}).get("ran")
+                    if ran:
+                        item["ours_ran"] = ran
                     if ours is None or torch_ms is None:
                         why = ([f"ours: {ours_err}"] if ours is None else []) + \
                               ([f"torch: {torch_err}"] if torch_ms is None else [])
@@ -271,7 +296,7 @@ def run_checks(model, headers):
                             # PyTorch picks cuDNN's persist_static for some fp16 shapes: say which of
                             # our algorithms ran closest to torch's time, so such a row reads right.
                             near = [(abs(r["ms"] - torch_ms), a, r["ms"]) for (ss, cc, mm, dd, a), r in index.items()
-                                    if (ss, cc, mm, dd) == (s, c, m, d) and a.startswith("cudnn:") and is_ok(r)]
+                                    if (ss, cc, mm, dd) == (s, c, m, d) and is_cudnn(a) and is_ok(r)]
                             if near and min(near)[1] != ours_algo:
                                 _, a, v = min(near)
                                 item["closest_ours"] = f"{a} {fmt_ms(v)} ms"
@@ -280,7 +305,7 @@ def run_checks(model, headers):
         for c in suite_cases.get(LATENCY_SUITE, []):
             cands = []
             for (s, cc, m, dd, a), r in index.items():
-                if (s, cc, m, dd) == (LATENCY_SUITE, c, "infer", d) and a.startswith("cudnn:") and is_ok(r):
+                if (s, cc, m, dd) == (LATENCY_SUITE, c, "infer", d) and is_cudnn(a) and is_ok(r):
                     cands.append((r["ms"], a))
             best = min(cands) if cands else None
             torch_ms, torch_err = ms_of(LATENCY_SUITE, c, "infer", d, "torch")
@@ -299,8 +324,8 @@ def run_checks(model, headers):
         return {v: sum(1 for i in items if i["verdict"] == v) for v in ("PASS", "FAIL", "MISSING")}
 
     return {
-        "parity": {"rule": f"ours (cuDNN with the algorithm PyTorch's rule picks; standard when not "
-                           f"recorded) ms <= {PARITY_LIMIT} x torch ms, suites {', '.join(PARITY_SUITES)}, "
+        "parity": {"rule": f"ours (cuDNN with the algorithm PyTorch's rule picks: the cudnn row; standard "
+                           f"when older files do not say) ms <= {PARITY_LIMIT} x torch ms, suites {', '.join(PARITY_SUITES)}, "
                            "every mode and dtype", "counts": summary(parity), "cases": parity},
         "latency": {"rule": "ours with cuDNN's best algorithm per case faster than torch, suite latency, infer, "
                             "every dtype", "counts": summary(latency), "cases": latency},
@@ -311,7 +336,8 @@ def check_line(name, i):
     head = f"{i['verdict']:<7} {name:<7} {i['suite']} {i['case']} {i['mode']} {i['dtype']}: "
     if i["verdict"] == "MISSING":
         return head + i["why"]
-    return (head + f"ours ({i['ours_algo']}) {fmt_ms(i['ours_ms'])} ms, torch {fmt_ms(i['torch_ms'])} ms, "
+    algo = i["ours_algo"] + (f", ran {i['ours_ran']}" if i.get("ours_ran") else "")
+    return (head + f"ours ({algo}) {fmt_ms(i['ours_ms'])} ms, torch {fmt_ms(i['torch_ms'])} ms, "
             f"ours/torch {i['ratio']:.3f}"
             + (f" (closest of ours: {i['closest_ours']})" if i.get("closest_ours") else ""))
 
@@ -342,7 +368,7 @@ def header_lines(headers):
 
 # Each verdict with the test that gives it, in the order they are tried (the columns' order).
 GRAPH_RULES = [
-    ("replayed", lambda r, dec: r.get("graph") == "replayed"),
+    ("replayed", lambda r, dec: graph_state(r) == "replayed"),
     ("eager: gave up (capture failed or buffers kept changing)",
      lambda r, dec: any("eager from now on" in d for d in dec)),
     ("eager: the trial's replays were slower",
@@ -355,13 +381,23 @@ GRAPH_RULES = [
 GRAPH_VERDICTS = [v for v, _ in GRAPH_RULES]
 
 
+def graph_state(r):
+    """"replayed", "eager" or None (the backend does not say: it has no CUDA graphs). Older rows
+    say it in "graph"; newer ones in "ran", the backend's last_run(), e.g.
+    "cudnn:persist_static, replayed"."""
+    if "graph" in r:
+        return r["graph"] or None
+    parts = [p.strip() for p in (r.get("ran") or "").split(",")]
+    return next((p for p in parts if p in ("replayed", "eager")), None)
+
+
 def graph_verdict(r):
-    """How one of our rows ran its cuDNN calls under cuda_graphs, from its "graph" and
-    "graph_decisions" (bench_gpu_lstm): replayed, or eager and why. None for rows without graphs."""
-    if not r.get("graph"):
+    """How one of our rows ran its calls under cuda_graphs, from its "ran" and "log" (older rows:
+    "graph" and "graph_decisions"): replayed, or eager and why. None for rows without graphs."""
+    if graph_state(r) is None:
         return None
-    dec = r.get("graph_decisions") or []
-    return next(v for v, test in GRAPH_RULES if test(r, dec))
+    dec = r.get("log") if "log" in r else r.get("graph_decisions")
+    return next(v for v, test in GRAPH_RULES if test(r, dec or []))
 
 
 def graph_lines(rows):
@@ -379,9 +415,9 @@ def graph_lines(rows):
         return []
     verdicts = [v for v in GRAPH_VERDICTS if any(v in c for c in counts.values())]
     md = ["### cuda_graphs", "",
-          "How our measured rows ran cuDNN's calls (`graph`: the last timed call, its backward in training; "
-          "for an eager row the first reason its cell's `graph_decisions` give, in the order of the columns "
-          "after replayed: a cell's forward and backward decide apart).", "",
+          "How our measured rows ran their calls, for backends with CUDA graphs (`ran`: the last timed "
+          "call, its backward in training; for an eager row the first reason its cell's `log` gives, in the "
+          "order of the columns after replayed: a cell's forward and backward decide apart).", "",
           "| suite | mode | " + " | ".join(verdicts) + " |",
           "|---|---|" + "---:|" * len(verdicts)]
     for (suite, mode), c in sorted(counts.items()):

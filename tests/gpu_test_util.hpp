@@ -53,4 +53,11 @@ inline LstmSpec make_spec(int64_t I, int64_t H, int64_t L, bool bi = false, int6
   return s;
 }
 
+// A reference backend instance for spec in dtype (CPU).
+inline std::unique_ptr<LstmBackend> reference_backend(const LstmSpec& spec, DType dtype = DType::F64) {
+  LstmOptions o;
+  o.algo = Algo::Reference;
+  return make_lstm_backend(o, spec, dtype, Device::CPU);
+}
+
 }  // namespace lstm::testing

@@ -64,15 +64,16 @@ TEST(CudnnHeuristic, NeverPersistentWhereCudnnRefuses) {
 }
 
 TEST(CudnnHeuristic, IsAnAcceptedAlgorithmName) {
-  LstmOptions o;
-  o.cudnn_algo = "heuristic";
-  EXPECT_NO_THROW(make_cudnn_lstm_backend(o));
-  o.cudnn_algo = "fastest";
+  EXPECT_EQ(cudnn_algo_from_name("heuristic"), CudnnAlgo::Heuristic);
+  EXPECT_EQ(LstmOptions{}.cudnn_algo, CudnnAlgo::Heuristic);
   try {
-    make_cudnn_lstm_backend(o);
+    cudnn_algo_from_name("fastest", "--cudnn-algo");
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("heuristic"), std::string::npos) << e.what();
+    const std::string w = e.what();
+    EXPECT_NE(w.find("heuristic"), std::string::npos) << w;
+    EXPECT_NE(w.find("--cudnn-algo"), std::string::npos) << w;
+    EXPECT_NE(w.find("'fastest'"), std::string::npos) << w;
   }
 }
 #else

@@ -25,7 +25,6 @@
 #if LSTM_HAVE_CUDA
 #include "core/cuda_rt.hpp"
 #include "cudnn/lstm_cudnn.hpp"
-#include "cudnn/lstm_cudnn_backend.hpp"
 #endif
 
 using namespace lstm;
@@ -161,14 +160,14 @@ struct Result {
 Tensor f64(const Tensor& t) { return t.defined() ? t.cpu().to(DType::F64) : Tensor(); }
 
 Result run_reference(const Problem& p) {
-  LstmBackend& be = lstm_backend(Algo::Reference, p.spec, DType::F64, Device::CPU);
+  auto be = lstm::testing::reference_backend(p.spec);
   Rng rng(3);
   std::unique_ptr<LstmSaved> saved;
   Result r;
-  r.out = be.forward(p.spec, p.w, p.in, true, &rng, &saved);
+  r.out = be->forward(p.w, p.in, true, &rng, &saved, ExecContext::cpu());
   std::vector<Tensor> dw;
   for (const auto& t : p.w) dw.push_back(Tensor::zeros(t.shape(), DType::F64));
-  r.g = be.backward(p.spec, p.w, *saved, p.grad, dw);
+  r.g = be->backward(p.w, *saved, p.grad, dw, ExecContext::cpu());
   r.dw = dw;
   return r;
 }
@@ -193,7 +192,7 @@ void poison_arena(const std::vector<Shape>& shapes, DType dt) {
 Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
   const LstmSpec& s = p.spec;
   std::vector<Tensor> w, dw;
-  const auto layout = flat ? be.flat_layout(s, dt) : LstmBackend::FlatLayout{};
+  const auto layout = flat ? be.flat_layout(dt) : LstmBackend::FlatLayout{};
   if (flat) {
     EXPECT_EQ(layout.offsets.size(), s.param_names().size());
     w = make_flat_weights(s, layout, dt, Device::CUDA);
@@ -218,12 +217,12 @@ Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
   poison_arena({yshape, {LD, B, s.out_size()}, {LD, B, s.hidden_size}, p.in.x.shape()}, dt);
   Rng rng(3);
   std::unique_ptr<LstmSaved> saved;
-  LstmOutput out = be.forward(s, w, in, true, &rng, &saved);
+  LstmOutput out = be.forward(w, in, true, &rng, &saved, ExecContext::current(Device::CUDA));
   EXPECT_TRUE(saved);
   EXPECT_EQ(out.output.device(), Device::CUDA);
   EXPECT_EQ(out.output.dtype(), dt);
   poison_arena({p.in.x.shape(), {LD, B, s.out_size()}, {LD, B, s.hidden_size}}, dt);
-  LstmGrads g = be.backward(s, w, *saved, grad, dw);
+  LstmGrads g = be.backward(w, *saved, grad, dw, ExecContext::current(Device::CUDA));
   Result r;
   r.out = {f64(out.output), f64(out.h_n), f64(out.c_n)};
   r.g = {f64(g.d_x), f64(g.d_h0), f64(g.d_c0)};
@@ -241,7 +240,7 @@ LstmOutput infer_gpu(LstmBackend& be, const Problem& p, DType dt) {
   std::vector<Tensor> w;
   for (const auto& t : p.w) w.push_back(on_gpu(t, dt));
   const LstmInput in{on_gpu(p.in.x, dt), p.in.lengths, on_gpu(p.in.h0, dt), on_gpu(p.in.c0, dt)};
-  return be.forward(p.spec, w, in, false, nullptr, nullptr);
+  return be.forward(w, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
 }
 
 void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
@@ -289,52 +288,58 @@ void compare(const Result& gpu, const Result& ref, const Problem& p, double tol)
 std::unique_ptr<LstmBackend> cudnn(const std::string& algo, const Prec& pr, const LstmSpec& spec) {
   LstmOptions o;
   o.algo = Algo::Cudnn;
-  o.cudnn_algo = algo;
+  o.cudnn_algo = cudnn_algo_from_name(algo);
   o.allow_tf32 = pr.tf32;
   return make_lstm_backend(o, spec, pr.dt, Device::CUDA);
 }
 #endif
+
+// The cuDNN algorithm the backend's last call ran (last_run() is "cudnn:<algo>, <how>").
+std::string ran_algo(const LstmBackend& be) {
+  const std::string r = be.last_run();
+  const size_t colon = r.find(':'), comma = r.find(", ");
+  return colon == std::string::npos ? "" : r.substr(colon + 1, comma == std::string::npos ? std::string::npos : comma - colon - 1);
+}
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
+  return n;
+}
 
 }  // namespace
 
 // ---- Backend: options and refusals ----
 
 TEST(CudnnLstm, UnknownAlgorithmNameListsTheAcceptedOnes) {
-#if LSTM_HAVE_CUDA
-  LstmOptions o;
-  o.algo = Algo::Cudnn;
-  o.cudnn_algo = "fastest";
-  const std::string e = error_of([&] { make_cudnn_lstm_backend(o); });
+  const std::string e = error_of([&] { cudnn_algo_from_name("fastest"); });
   EXPECT_NE(e.find("fastest"), std::string::npos) << e;
-  for (const char* n : {"standard", "persist_static", "persist_dynamic", "persist_static_small_h", "auto"})
+  for (const char* n : {"standard", "persist_static", "persist_dynamic", "persist_static_small_h", "auto", "heuristic"})
     EXPECT_NE(e.find(n), std::string::npos) << e;
-#else
-  GTEST_SKIP() << "built without CUDA";
-#endif
 }
 
+// The registry rows of cuDNN say why not before anything runs (host-side descriptor checks).
 TEST(CudnnLstm, UnsupportedReasons) {
   SKIP_WITHOUT_GPU();
-#if LSTM_HAVE_CUDA
   const LstmSpec s = make_spec(8, 16, 1, false);
-  LstmOptions o;
-  o.algo = Algo::Cudnn;
-  auto be = make_cudnn_lstm_backend(o);
-  EXPECT_EQ(be->unsupported_reason(s, DType::F32, Device::CUDA), "");
-  EXPECT_EQ(be->unsupported_reason(s, DType::BF16, Device::CUDA), "");
-  EXPECT_EQ(be->unsupported_reason(s, DType::F16, Device::CUDA), "");
-  EXPECT_EQ(be->unsupported_reason(s, DType::F64, Device::CUDA), "");
-  EXPECT_NE(be->unsupported_reason(s, DType::F32, Device::CPU), "");
-  EXPECT_NE(be->unsupported_reason(s, DType::I64, Device::CUDA), "");
-  o.cudnn_algo = "persist_static";
-  auto ps = make_cudnn_lstm_backend(o);
-  const std::string f64 = ps->unsupported_reason(s, DType::F64, Device::CUDA);
+  const LstmOptions o;
+  const LstmBackendEntry& cudnn_row = lstm_backend_entry("cudnn");
+  EXPECT_EQ(cudnn_row.why_not(s, DType::F32, Device::CUDA, o), "");
+  EXPECT_EQ(cudnn_row.why_not(s, DType::BF16, Device::CUDA, o), "");
+  EXPECT_EQ(cudnn_row.why_not(s, DType::F16, Device::CUDA, o), "");
+  EXPECT_EQ(cudnn_row.why_not(s, DType::F64, Device::CUDA, o), "");
+  EXPECT_NE(cudnn_row.why_not(s, DType::F32, Device::CPU, o), "");
+  EXPECT_NE(cudnn_row.why_not(s, DType::I64, Device::CUDA, o), "");
+  const std::string f64 = lstm_backend_entry("cudnn:persist_static").why_not(s, DType::F64, Device::CUDA, o);
   EXPECT_NE(f64.find("persist_static"), std::string::npos) << f64;
   EXPECT_NE(f64.find("F64"), std::string::npos) << f64;
-  // The same through the public factory.
-  const std::string e = error_of([&] { make_lstm_backend(o, s, DType::F64, Device::CUDA); });
+  // The same through the public factories.
+  std::string e = error_of([&] { make_lstm_backend("cudnn:persist_static", o, s, DType::F64, Device::CUDA); });
   EXPECT_NE(e.find("persist_static"), std::string::npos) << e;
-#endif
+  LstmOptions ps;
+  ps.algo = Algo::Cudnn;
+  ps.cudnn_algo = CudnnAlgo::PersistStatic;
+  e = error_of([&] { make_lstm_backend(ps, s, DType::F64, Device::CUDA); });
+  EXPECT_NE(e.find("persist_static"), std::string::npos) << e;
 }
 
 TEST(CudnnLstm, InputsOnTheWrongDeviceAreRefused) {
@@ -346,11 +351,11 @@ TEST(CudnnLstm, InputsOnTheWrongDeviceAreRefused) {
   std::vector<Tensor> w;
   for (auto& t : p.w) w.push_back(on_gpu(t, DType::F32));
   LstmInput cpu_in{p.in.x.to(DType::F32), {}, {}, {}};
-  EXPECT_NE(error_of([&] { be->forward(c.spec, w, cpu_in, false, nullptr, nullptr); }), "");
+  EXPECT_NE(error_of([&] { be->forward(w, cpu_in, false, nullptr, nullptr, ExecContext::current(Device::CUDA)); }), "");
   std::vector<Tensor> wcpu;
   for (auto& t : p.w) wcpu.push_back(t.to(DType::F32));
   LstmInput gpu_in{on_gpu(p.in.x, DType::F32), {}, {}, {}};
-  const std::string e = error_of([&] { be->forward(c.spec, wcpu, gpu_in, false, nullptr, nullptr); });
+  const std::string e = error_of([&] { be->forward(wcpu, gpu_in, false, nullptr, nullptr, ExecContext::current(Device::CUDA)); });
   EXPECT_NE(e.find("weight"), std::string::npos) << e;
 #endif
 }
@@ -591,22 +596,20 @@ TEST(CudnnLstm, AutoPicksAnAlgorithmThatAcceptsTheCase) {
   const Problem p = make_problem(c, 9);
   auto be = cudnn("auto", kF16, c.spec);
   compare(run_gpu(*be, p, DType::F16, true), run_reference(p), p, kF16.tol);
-  auto* cb = dynamic_cast<CudnnLstmBackend*>(be.get());
-  ASSERT_TRUE(cb);
-  const auto names = cudnn_algo_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), cb->last_algo()), names.end()) << cb->last_algo();
-  EXPECT_NE(cb->auto_log().find("picked " + cb->last_algo()), std::string::npos) << cb->auto_log();
-  std::cout << "[ info ] " << cb->auto_log();
+  const std::vector<std::string> names{"standard", "persist_static", "persist_dynamic", "persist_static_small_h"};
+  EXPECT_NE(std::find(names.begin(), names.end(), ran_algo(*be)), names.end()) << be->last_run();
+  EXPECT_NE(be->log().find("picked " + ran_algo(*be)), std::string::npos) << be->log();
+  std::cout << "[ info ] " << be->log();
   // A second call of the same case does not time again.
-  const std::string log = cb->auto_log();
+  const size_t timed = count_of(be->log(), "cuDNN auto (");
   run_gpu(*be, p, DType::F16, true);
-  EXPECT_EQ(cb->auto_log(), log);
+  EXPECT_EQ(count_of(be->log(), "cuDNN auto ("), timed) << be->log();
   // Variable lengths: only the standard algorithm runs them.
   const Case v{"uni_b8_varlen", make_spec(32, 64, 1, false), 10, 8, {10, 1, 4, 10, 7, 2, 9, 5}, true};
   const Problem pv = make_problem(v, 10);
   compare(run_gpu(*be, pv, DType::F16, true), run_reference(pv), pv, kF16.tol);
-  EXPECT_EQ(cb->last_algo(), "standard");
-  EXPECT_NE(cb->auto_log().find("skipped (variable lengths)"), std::string::npos) << cb->auto_log();
+  EXPECT_EQ(ran_algo(*be), "standard");
+  EXPECT_NE(be->log().find("skipped (variable lengths)"), std::string::npos) << be->log();
 #endif
 }
 
@@ -645,8 +648,6 @@ TEST(CudnnLstm, HeuristicRunsTheAlgorithmPytorchsRuleNames) {
     const Problem p = make_problem(h.c, ++seed);
     const Result ref = run_reference(p);
     auto be = cudnn("heuristic", h.pr, h.c.spec);
-    auto* cb = dynamic_cast<CudnnLstmBackend*>(be.get());
-    ASSERT_TRUE(cb);
     if (h.training) {
       compare(run_gpu(*be, p, h.pr.dt, true), ref, p, h.pr.tol);
     } else {
@@ -655,7 +656,7 @@ TEST(CudnnLstm, HeuristicRunsTheAlgorithmPytorchsRuleNames) {
       expect_close(f64(out.h_n), ref.out.h_n, h.pr.tol, "h_n");
       expect_close(f64(out.c_n), ref.out.c_n, h.pr.tol, "c_n");
     }
-    EXPECT_EQ(cb->last_algo(), want);
+    EXPECT_EQ(ran_algo(*be), want);
   }
 #endif
 }
@@ -694,7 +695,7 @@ TEST(CudnnLstm, DropoutTrainingDiffersInferenceIsDeterministic) {
   // Standard with variable lengths; the default algorithm (PyTorch's rule) with equal lengths,
   // which takes persist_static_small_h at this hidden size, in training too.
   for (const auto& [algo, lengths] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-           {"standard", {8, 3, 6, 1}}, {LstmOptions{}.cudnn_algo, {}}}) {
+           {"standard", {8, 3, 6, 1}}, {cudnn_algo_name(LstmOptions{}.cudnn_algo), {}}}) {
     SCOPED_TRACE(algo);
     const Case c{"drop", s, 8, 4, lengths, true};
     const Problem p = make_problem(c, 21);
@@ -703,8 +704,8 @@ TEST(CudnnLstm, DropoutTrainingDiffersInferenceIsDeterministic) {
     for (auto& t : p.w) w.push_back(on_gpu(t, DType::F32));
     LstmInput in{on_gpu(p.in.x, DType::F32), p.in.lengths, on_gpu(p.in.h0, DType::F32), on_gpu(p.in.c0, DType::F32)};
     Rng rng(5);
-    const Tensor inf1 = f64(be->forward(s, w, in, false, &rng, nullptr).output);
-    const Tensor inf2 = f64(be->forward(s, w, in, false, &rng, nullptr).output);
+    const Tensor inf1 = f64(be->forward(w, in, false, &rng, nullptr, ExecContext::current(Device::CUDA)).output);
+    const Tensor inf2 = f64(be->forward(w, in, false, &rng, nullptr, ExecContext::current(Device::CUDA)).output);
     EXPECT_EQ(max_abs_diff(inf1, inf2), 0.0) << "inference must not drop";
     // Inference equals the reference without dropout.
     LstmSpec nodrop = s;
@@ -714,24 +715,24 @@ TEST(CudnnLstm, DropoutTrainingDiffersInferenceIsDeterministic) {
     expect_close(inf1, run_reference(pn).out.output, kF32.tol, "inference output");
 
     std::unique_ptr<LstmSaved> saved;
-    const Tensor tr1 = f64(be->forward(s, w, in, true, &rng, &saved).output);
-    const Tensor tr2 = f64(be->forward(s, w, in, true, &rng, nullptr).output);
+    const Tensor tr1 = f64(be->forward(w, in, true, &rng, &saved, ExecContext::current(Device::CUDA)).output);
+    const Tensor tr2 = f64(be->forward(w, in, true, &rng, nullptr, ExecContext::current(Device::CUDA)).output);
     EXPECT_GT(max_abs_diff(tr1, inf1), 1e-3) << "training must drop";
     EXPECT_GT(max_abs_diff(tr1, tr2), 1e-3) << "masks must change from call to call";
     if (algo != "standard") {
-      EXPECT_EQ(dynamic_cast<CudnnLstmBackend&>(*be).last_algo(), "persist_static_small_h");
+      EXPECT_EQ(ran_algo(*be), "persist_static_small_h");
     }
     EXPECT_FALSE(has_non_finite(tr1));
     expect_zero_past_lengths(tr1, s, p.in.lengths, c.T, c.B, "training output");
     std::vector<Tensor> dw;
     for (auto& t : w) dw.push_back(Tensor::zeros(t.shape(), DType::F32, Device::CUDA));
     LstmGradOutput g{on_gpu(p.grad.d_output, DType::F32), {}, {}};
-    LstmGrads r = be->backward(s, w, *saved, g, dw);
+    LstmGrads r = be->backward(w, *saved, g, dw, ExecContext::current(Device::CUDA));
     EXPECT_FALSE(has_non_finite(r.d_x.cpu()));
     expect_zero_past_lengths(r.d_x.cpu(), s, p.in.lengths, c.T, c.B, "d_x");
     for (auto& t : dw) EXPECT_FALSE(has_non_finite(t.cpu()));
     // The saved state is spent.
-    EXPECT_NE(error_of([&] { be->backward(s, w, *saved, g, dw); }), "");
+    EXPECT_NE(error_of([&] { be->backward(w, *saved, g, dw, ExecContext::current(Device::CUDA)); }), "");
   }
 #endif
 }
@@ -773,7 +774,7 @@ TEST_P(CudnnLstmLayer, GpuMatchesCpu) {
   const Precision prec = GetParam().prec;
   const std::string output = GetParam().output;
   LstmOptions opts;
-  opts.cudnn_algo = GetParam().cudnn_algo;
+  opts.cudnn_algo = cudnn_algo_from_name(GetParam().cudnn_algo);
   LstmSpec spec = make_spec(0, 48, 2, true);
   auto gpu = make_lstm(spec, output);
   gpu->build({SignalKind::Sequence, 20}, DType::F32);

@@ -21,7 +21,6 @@
 #include "lstm/tensor.hpp"
 #if LSTM_HAVE_CUDA
 #include "cudnn/lstm_cudnn.hpp"
-#include "cudnn/lstm_cudnn_backend.hpp"
 #endif
 
 using namespace lstm;
@@ -38,18 +37,18 @@ struct GraphCase {
   int64_t T, B;
   std::vector<int64_t> lengths;  // empty: all T
   bool h0;
-  std::string algo;  // cuDNN's algorithm
+  CudnnAlgo algo;  // cuDNN's algorithm
 };
 
 std::vector<GraphCase> graph_cases() {
   return {
-      {"uni_l1_standard", make_spec(32, 64, 1, false), 12, 4, {}, false, "standard"},
-      {"bi_l2_h0_standard", make_spec(24, 48, 2, true), 9, 5, {}, true, "standard"},
-      {"bi_l2_varlen_h0", make_spec(24, 48, 2, true), 9, 5, {9, 3, 1, 7, 9}, true, "standard"},
-      {"proj_l2_varlen", make_spec(20, 48, 2, false, 16), 8, 3, {8, 2, 5}, false, "standard"},
-      {"batch_first_l2_h0", make_spec(16, 64, 2, false, 0, true, true), 6, 3, {}, true, "standard"},
-      {"uni_l2_small_h", make_spec(32, 64, 2, false), 10, 8, {}, true, "persist_static_small_h"},
-      {"uni_l1_persist_static", make_spec(128, 128, 1, false), 10, 8, {}, false, "persist_static"},
+      {"uni_l1_standard", make_spec(32, 64, 1, false), 12, 4, {}, false, CudnnAlgo::Standard},
+      {"bi_l2_h0_standard", make_spec(24, 48, 2, true), 9, 5, {}, true, CudnnAlgo::Standard},
+      {"bi_l2_varlen_h0", make_spec(24, 48, 2, true), 9, 5, {9, 3, 1, 7, 9}, true, CudnnAlgo::Standard},
+      {"proj_l2_varlen", make_spec(20, 48, 2, false, 16), 8, 3, {8, 2, 5}, false, CudnnAlgo::Standard},
+      {"batch_first_l2_h0", make_spec(16, 64, 2, false, 0, true, true), 6, 3, {}, true, CudnnAlgo::Standard},
+      {"uni_l2_small_h", make_spec(32, 64, 2, false), 10, 8, {}, true, CudnnAlgo::PersistStaticSmallH},
+      {"uni_l1_persist_static", make_spec(128, 128, 1, false), 10, 8, {}, false, CudnnAlgo::PersistStatic},
   };
 }
 
@@ -78,7 +77,7 @@ void refill_x(Tensor& x, Rng& rng, const std::vector<int64_t>& len, const LstmSp
 // Weights as views into the backend's flat buffer (how the engine and the bench hold them),
 // U(-k, k) from `rng`.
 std::vector<Tensor> flat_weights(LstmBackend& be, const LstmSpec& s, DType dt, Rng& rng) {
-  std::vector<Tensor> w = make_flat_weights(s, be.flat_layout(s, dt), dt, Device::CUDA);
+  std::vector<Tensor> w = make_flat_weights(s, be.flat_layout(dt), dt, Device::CUDA);
   for (auto& t : w) refill(t, rng, 1.0 / std::sqrt(static_cast<double>(s.hidden_size)));
   return w;
 }
@@ -109,14 +108,19 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 Tensor f64(const Tensor& t) { return t.defined() ? t.cpu().to(DType::F64) : Tensor(); }
 
 #if LSTM_HAVE_CUDA
-std::unique_ptr<LstmBackend> cudnn(const std::string& algo, const std::string& graphs) {
+std::unique_ptr<LstmBackend> cudnn(CudnnAlgo algo, GraphMode graphs, const LstmSpec& s, DType dt) {
   LstmOptions o;
   o.algo = Algo::Cudnn;
   o.cudnn_algo = algo;
   o.cuda_graphs = graphs;
-  return make_cudnn_lstm_backend(o);
+  return make_lstm_backend(o, s, dt, Device::CUDA);
 }
-const CudnnLstmBackend& info(const LstmBackend& be) { return dynamic_cast<const CudnnLstmBackend&>(be); }
+// How the backend's last call ran: "replayed" or "eager" (last_run() is "cudnn:<algo>, <how>").
+std::string last_graph(const LstmBackend& be) {
+  const std::string r = be.last_run();
+  const size_t comma = r.rfind(", ");
+  return comma == std::string::npos ? "" : r.substr(comma + 2);
+}
 
 // One problem run by two backends of one cuDNN algorithm: `graphed` (cuda_graphs as given) and
 // `eager` (off), each with the same weights as views into its own flat buffer.
@@ -127,11 +131,12 @@ struct Pair {
   std::unique_ptr<LstmBackend> graphed, eager;
   std::vector<Tensor> wg, we;
   Rng rng;
-  Pair(const LstmSpec& spec, int64_t T_, int64_t B_, const std::string& graphs, uint64_t seed,
-       const std::string& algo = "standard", DType dtype = DType::F32)
-      : s(spec), T(T_), B(B_), dt(dtype), graphed(cudnn(algo, graphs)), eager(cudnn(algo, "off")), rng(seed) {
+  Pair(const LstmSpec& spec, int64_t T_, int64_t B_, GraphMode graphs, uint64_t seed,
+       CudnnAlgo algo = CudnnAlgo::Standard, DType dtype = DType::F32)
+      : s(spec), T(T_), B(B_), dt(dtype), graphed(cudnn(algo, graphs, spec, dtype)),
+        eager(cudnn(algo, GraphMode::Off, spec, dtype)), rng(seed) {
     wg = flat_weights(*graphed, s, dt, rng);
-    we = make_flat_weights(s, eager->flat_layout(s, dt), dt, Device::CUDA);
+    we = make_flat_weights(s, eager->flat_layout(dt), dt, Device::CUDA);
     for (size_t i = 0; i < wg.size(); ++i) we[i].copy_(wg[i]);
   }
   Shape x_shape() const { return s.batch_first ? Shape{B, T, s.input_size} : Shape{T, B, s.input_size}; }
@@ -177,12 +182,13 @@ RefStep reference_step(const LstmSpec& s, const std::vector<Tensor>& w, const Ls
     dw64.push_back(Tensor::zeros(t.shape(), DType::F64));
   }
   const LstmInput in64{f64(in.x), in.lengths, f64(in.h0), f64(in.c0)};
-  LstmBackend& ref = lstm_backend(Algo::Reference, s, DType::F64, Device::CPU);
+  auto ref_owner = lstm::testing::reference_backend(s);
+  LstmBackend& ref = *ref_owner;
   Rng r(1);
   std::unique_ptr<LstmSaved> saved;
   RefStep out;
-  out.out = ref.forward(s, w64, in64, true, &r, &saved);
-  out.g = ref.backward(s, w64, *saved, {f64(grad.d_output), f64(grad.d_h_n), f64(grad.d_c_n)}, dw64);
+  out.out = ref.forward(w64, in64, true, &r, &saved, ExecContext::cpu());
+  out.g = ref.backward(w64, *saved, {f64(grad.d_output), f64(grad.d_h_n), f64(grad.d_c_n)}, dw64, ExecContext::cpu());
   out.dw = dw64;
   return out;
 }
@@ -191,27 +197,10 @@ RefStep reference_step(const LstmSpec& s, const std::vector<Tensor>& w, const Ls
 }  // namespace
 
 TEST(CudnnGraphs, UnknownSettingListsTheAcceptedOnes) {
-#if LSTM_HAVE_CUDA
-  LstmOptions o;
-  o.algo = Algo::Cudnn;
-  o.cuda_graphs = "always";
-  const std::string e = error_of([&] { make_cudnn_lstm_backend(o); });
-  EXPECT_NE(e.find("always"), std::string::npos) << e;
-  for (const char* n : {"auto", "on", "off"}) EXPECT_NE(e.find(n), std::string::npos) << e;
-#else
-  GTEST_SKIP() << "built without CUDA";
-#endif
-}
-
-// make_lstm_backend checks the setting for every algorithm and device, the CPU's too.
-TEST(CudnnGraphs, TheSettingIsCheckedOnEveryDevice) {
-  LstmOptions o;
-  o.cuda_graphs = "sometimes";
-  const std::string e =
-      error_of([&] { make_lstm_backend(o, make_spec(4, 8, 1, false), DType::F64, Device::CPU); });
-  EXPECT_NE(e.find("cuda_graphs: expected auto, on or off, got 'sometimes'"), std::string::npos) << e;
-  o.cuda_graphs = "off";
-  EXPECT_NO_THROW(make_lstm_backend(o, make_spec(4, 8, 1, false), DType::F64, Device::CPU));
+  const std::string e = error_of([&] { graph_mode_from_name("always", "--cuda-graphs"); });
+  EXPECT_NE(e.find("--cuda-graphs: expected auto, on or off, got 'always'"), std::string::npos) << e;
+  EXPECT_EQ(graph_mode_from_name("off"), GraphMode::Off);
+  EXPECT_EQ(LstmOptions{}.cuda_graphs, GraphMode::Auto);
 }
 
 // Inference. Every call: new x values (alternately in the same buffer and in a new one), new
@@ -225,7 +214,7 @@ TEST(CudnnGraphs, InferenceReplayGivesTheEagerBitsOnFreshInputs) {
   for (const GraphCase& c : graph_cases()) {
     for (DType dt : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(c.name + " " + dtype_name(dt));
-      Pair pr(c.spec, c.T, c.B, "on", ++seed, c.algo, dt);
+      Pair pr(c.spec, c.T, c.B, GraphMode::On, ++seed, c.algo, dt);
       const LstmSpec& s = pr.s;
       Tensor x_fixed = pr.new_x();
       LstmInput in = pr.input(c.lengths, c.h0);
@@ -233,11 +222,11 @@ TEST(CudnnGraphs, InferenceReplayGivesTheEagerBitsOnFreshInputs) {
         SCOPED_TRACE("call " + std::to_string(call));
         pr.refresh(in, x_fixed, call);
         poison_arena(out_shapes(s, c.T, c.B), dt);
-        const LstmOutput g = pr.graphed->forward(s, pr.wg, in, false, nullptr, nullptr);
-        EXPECT_EQ(info(*pr.graphed).last_graph(), call == 0 ? "eager" : "replayed") << info(*pr.graphed).graph_log();
+        const LstmOutput g = pr.graphed->forward(pr.wg, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
+        EXPECT_EQ(last_graph(*pr.graphed), call == 0 ? "eager" : "replayed") << (*pr.graphed).log();
         poison_arena(out_shapes(s, c.T, c.B), dt);
-        const LstmOutput e = pr.eager->forward(s, pr.we, in, false, nullptr, nullptr);
-        EXPECT_EQ(info(*pr.eager).last_graph(), "eager");
+        const LstmOutput e = pr.eager->forward(pr.we, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
+        EXPECT_EQ(last_graph(*pr.eager), "eager");
         EXPECT_FALSE(has_non_finite(g.output));
         EXPECT_TRUE(same_bits(g.output, e.output)) << "output, max abs diff " << max_abs_diff(g.output, e.output);
         EXPECT_TRUE(same_bits(g.h_n, e.h_n)) << "h_n";
@@ -250,7 +239,7 @@ TEST(CudnnGraphs, InferenceReplayGivesTheEagerBitsOnFreshInputs) {
           EXPECT_LT(rel_l2_error(g.c_n, r.out.c_n), tol);
         }
       }
-      EXPECT_EQ(info(*pr.graphed).graph_log(), "") << "no graph was given up";
+      EXPECT_EQ((*pr.graphed).log(), "") << "no graph was given up";
     }
   }
 #endif
@@ -270,11 +259,11 @@ TEST(CudnnGraphs, TrainingReplayGivesTheEagerResultsOnFreshInputs) {
     if (c.name == "bi_l2_h0_standard") continue;  // the varlen case covers it
     for (DType dt : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(c.name + " " + dtype_name(dt));
-      Pair pr(c.spec, c.T, c.B, "on", ++seed, c.algo, dt);
+      Pair pr(c.spec, c.T, c.B, GraphMode::On, ++seed, c.algo, dt);
       const LstmSpec& s = pr.s;
       const int64_t LD = s.num_layers * s.directions();
-      std::vector<Tensor> dwg = make_flat_weights(s, pr.graphed->flat_layout(s, dt), dt, Device::CUDA);
-      std::vector<Tensor> dwe = make_flat_weights(s, pr.eager->flat_layout(s, dt), dt, Device::CUDA);
+      std::vector<Tensor> dwg = make_flat_weights(s, pr.graphed->flat_layout(dt), dt, Device::CUDA);
+      std::vector<Tensor> dwe = make_flat_weights(s, pr.eager->flat_layout(dt), dt, Device::CUDA);
       Tensor x_fixed = pr.new_x();
       const Shape yshape = out_shapes(s, c.T, c.B)[0];
       LstmInput in = pr.input(c.lengths, c.h0);
@@ -297,14 +286,14 @@ TEST(CudnnGraphs, TrainingReplayGivesTheEagerResultsOnFreshInputs) {
         Rng r1(3), r2(3);
         std::unique_ptr<LstmSaved> sg, se;
         poison_arena(out_shapes(s, c.T, c.B), dt);
-        const LstmOutput og = pr.graphed->forward(s, pr.wg, in, true, &r1, &sg);
-        const std::string fwd_graph = info(*pr.graphed).last_graph();
+        const LstmOutput og = pr.graphed->forward(pr.wg, in, true, &r1, &sg, ExecContext::current(Device::CUDA));
+        const std::string fwd_graph = last_graph(*pr.graphed);
         poison_arena({pr.x_shape(), {LD, c.B, s.out_size()}, {LD, c.B, s.hidden_size}}, dt);
-        const LstmGrads gg = pr.graphed->backward(s, pr.wg, *sg, grad, dwg);
-        EXPECT_EQ(fwd_graph, step == 0 ? "eager" : "replayed") << info(*pr.graphed).graph_log();
-        EXPECT_EQ(info(*pr.graphed).last_graph(), step == 0 ? "eager" : "replayed") << info(*pr.graphed).graph_log();
-        const LstmOutput oe = pr.eager->forward(s, pr.we, in, true, &r2, &se);
-        const LstmGrads ge = pr.eager->backward(s, pr.we, *se, grad, dwe);
+        const LstmGrads gg = pr.graphed->backward(pr.wg, *sg, grad, dwg, ExecContext::current(Device::CUDA));
+        EXPECT_EQ(fwd_graph, step == 0 ? "eager" : "replayed") << (*pr.graphed).log();
+        EXPECT_EQ(last_graph(*pr.graphed), step == 0 ? "eager" : "replayed") << (*pr.graphed).log();
+        const LstmOutput oe = pr.eager->forward(pr.we, in, true, &r2, &se, ExecContext::current(Device::CUDA));
+        const LstmGrads ge = pr.eager->backward(pr.we, *se, grad, dwe, ExecContext::current(Device::CUDA));
         EXPECT_FALSE(has_non_finite(og.output));
         EXPECT_FALSE(has_non_finite(gg.d_x));
         EXPECT_TRUE(same_bits(og.output, oe.output)) << "output";
@@ -328,7 +317,7 @@ TEST(CudnnGraphs, TrainingReplayGivesTheEagerResultsOnFreshInputs) {
           for (size_t i = 0; i < dwg.size(); ++i) EXPECT_LT(rel_l2_error(dwg[i], r.dw[i]), tol) << "d_w " << i;
         }
       }
-      EXPECT_EQ(info(*pr.graphed).graph_log(), "") << "no graph was given up";
+      EXPECT_EQ((*pr.graphed).log(), "") << "no graph was given up";
     }
   }
 #endif
@@ -340,20 +329,20 @@ TEST(CudnnGraphs, TrainingWithDropoutStaysEager) {
 #if LSTM_HAVE_CUDA
   LstmSpec spec = make_spec(16, 32, 2, false);
   spec.dropout = 0.3;
-  Pair pr(spec, 6, 3, "on", 71);
+  Pair pr(spec, 6, 3, GraphMode::On, 71);
   LstmInput in;
   in.x = pr.new_x();
   for (int step = 0; step < 3; ++step) {
     Rng drop(5);
     std::unique_ptr<LstmSaved> saved;
-    const LstmOutput o = pr.graphed->forward(pr.s, pr.wg, in, true, &drop, &saved);
-    EXPECT_EQ(info(*pr.graphed).last_graph(), "eager");
-    std::vector<Tensor> dw = make_flat_weights(pr.s, pr.graphed->flat_layout(pr.s, pr.dt), pr.dt, Device::CUDA);
+    const LstmOutput o = pr.graphed->forward(pr.wg, in, true, &drop, &saved, ExecContext::current(Device::CUDA));
+    EXPECT_EQ(last_graph(*pr.graphed), "eager");
+    std::vector<Tensor> dw = make_flat_weights(pr.s, pr.graphed->flat_layout(pr.dt), pr.dt, Device::CUDA);
     for (auto& t : dw) t.zero_();
     LstmGradOutput grad;
     grad.d_output = Tensor::full(o.output.shape(), 0.5, pr.dt, Device::CUDA);
-    pr.graphed->backward(pr.s, pr.wg, *saved, grad, dw);
-    EXPECT_EQ(info(*pr.graphed).last_graph(), "eager");
+    pr.graphed->backward(pr.wg, *saved, grad, dw, ExecContext::current(Device::CUDA));
+    EXPECT_EQ(last_graph(*pr.graphed), "eager");
   }
 #endif
 }
@@ -362,7 +351,7 @@ TEST(CudnnGraphs, TrainingWithDropoutStaysEager) {
 TEST(CudnnGraphs, ReplayReadsTheWeightsAsTheyAreAtTheCall) {
   LSTM_REQUIRE_GPU();
 #if LSTM_HAVE_CUDA
-  Pair pr(make_spec(16, 32, 2, true), 7, 3, "on", 61);
+  Pair pr(make_spec(16, 32, 2, true), 7, 3, GraphMode::On, 61);
   LstmInput in;
   in.x = pr.new_x();
   for (int call = 0; call < 4; ++call) {
@@ -371,12 +360,12 @@ TEST(CudnnGraphs, ReplayReadsTheWeightsAsTheyAreAtTheCall) {
       refill(pr.wg[i], pr.rng, 1.0 / std::sqrt(static_cast<double>(pr.s.hidden_size)));
       pr.we[i].copy_(pr.wg[i]);
     }
-    const LstmOutput g = pr.graphed->forward(pr.s, pr.wg, in, false, nullptr, nullptr);
-    const LstmOutput e = pr.eager->forward(pr.s, pr.we, in, false, nullptr, nullptr);
+    const LstmOutput g = pr.graphed->forward(pr.wg, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
+    const LstmOutput e = pr.eager->forward(pr.we, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
     EXPECT_TRUE(same_bits(g.output, e.output)) << max_abs_diff(g.output, e.output);
     EXPECT_TRUE(same_bits(g.h_n, e.h_n));
   }
-  EXPECT_EQ(info(*pr.graphed).last_graph(), "replayed");
+  EXPECT_EQ(last_graph(*pr.graphed), "replayed");
 #endif
 }
 
@@ -385,7 +374,7 @@ TEST(CudnnGraphs, ReplayReadsTheWeightsAsTheyAreAtTheCall) {
 TEST(CudnnGraphs, NewLengthsAreCapturedAnew) {
   LSTM_REQUIRE_GPU();
 #if LSTM_HAVE_CUDA
-  Pair pr(make_spec(12, 40, 2, true), 8, 4, "on", 81);
+  Pair pr(make_spec(12, 40, 2, true), 8, 4, GraphMode::On, 81);
   const std::vector<std::vector<int64_t>> lens = {{8, 3, 5, 1}, {8, 3, 5, 1}, {8, 3, 5, 1}, {2, 8, 8, 6},
                                                   {2, 8, 8, 6}, {},           {},           {8, 3, 5, 1}, {8, 3, 5, 1}};
   for (size_t k = 0; k < lens.size(); ++k) {
@@ -394,10 +383,10 @@ TEST(CudnnGraphs, NewLengthsAreCapturedAnew) {
     in.lengths = lens[k];
     in.x = pr.new_x(lens[k]);
     poison_arena(out_shapes(pr.s, pr.T, pr.B), pr.dt);
-    const LstmOutput g = pr.graphed->forward(pr.s, pr.wg, in, false, nullptr, nullptr);
+    const LstmOutput g = pr.graphed->forward(pr.wg, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
     const bool repeat = k > 0 && lens[k] == lens[k - 1];
-    EXPECT_EQ(info(*pr.graphed).last_graph(), repeat ? "replayed" : "eager");
-    const LstmOutput e = pr.eager->forward(pr.s, pr.we, in, false, nullptr, nullptr);
+    EXPECT_EQ(last_graph(*pr.graphed), repeat ? "replayed" : "eager");
+    const LstmOutput e = pr.eager->forward(pr.we, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
     EXPECT_FALSE(has_non_finite(g.output));
     EXPECT_TRUE(same_bits(g.output, e.output)) << max_abs_diff(g.output, e.output);
     EXPECT_TRUE(same_bits(g.h_n, e.h_n));
@@ -411,18 +400,18 @@ TEST(CudnnGraphs, NewLengthsAreCapturedAnew) {
 TEST(CudnnGraphs, BuffersThatChangeEveryCallGoBackToEager) {
   LSTM_REQUIRE_GPU();
 #if LSTM_HAVE_CUDA
-  Pair pr(make_spec(8, 16, 1, false), 5, 2, "on", 91);
+  Pair pr(make_spec(8, 16, 1, false), 5, 2, GraphMode::On, 91);
   LstmInput in;
   in.x = pr.new_x();
   std::vector<LstmOutput> kept;
   for (int call = 0; call < 24; ++call) {
     refill_x(in.x, pr.rng, {}, pr.s, pr.T, pr.B);
-    kept.push_back(pr.graphed->forward(pr.s, pr.wg, in, false, nullptr, nullptr));
-    const LstmOutput e = pr.eager->forward(pr.s, pr.we, in, false, nullptr, nullptr);
+    kept.push_back(pr.graphed->forward(pr.wg, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA)));
+    const LstmOutput e = pr.eager->forward(pr.we, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
     EXPECT_TRUE(same_bits(kept.back().output, e.output)) << "call " << call;
   }
-  EXPECT_EQ(info(*pr.graphed).last_graph(), "eager");
-  EXPECT_NE(info(*pr.graphed).graph_log().find("change"), std::string::npos) << info(*pr.graphed).graph_log();
+  EXPECT_EQ(last_graph(*pr.graphed), "eager");
+  EXPECT_NE((*pr.graphed).log().find("change"), std::string::npos) << (*pr.graphed).log();
 #endif
 }
 
@@ -432,29 +421,29 @@ TEST(CudnnGraphs, BuffersThatChangeEveryCallGoBackToEager) {
 TEST(CudnnGraphs, AutoDecidesFromMeasuredCalls) {
   LSTM_REQUIRE_GPU();
 #if LSTM_HAVE_CUDA
-  Pair pr(make_spec(32, 64, 1, false), 40, 2, "auto", 101);
+  Pair pr(make_spec(32, 64, 1, false), 40, 2, GraphMode::Auto, 101);
   LstmInput in;
   in.x = pr.new_x();
   bool unsettled_seen = false;
   for (int call = 0; call < 12; ++call) {
     refill_x(in.x, pr.rng, {}, pr.s, pr.T, pr.B);
-    const LstmOutput g = pr.graphed->forward(pr.s, pr.wg, in, false, nullptr, nullptr);
-    unsettled_seen = unsettled_seen || !info(*pr.graphed).graphs_settled();
-    const LstmOutput e = pr.eager->forward(pr.s, pr.we, in, false, nullptr, nullptr);
+    const LstmOutput g = pr.graphed->forward(pr.wg, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
+    unsettled_seen = unsettled_seen || !(*pr.graphed).settled();
+    const LstmOutput e = pr.eager->forward(pr.we, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
     EXPECT_TRUE(same_bits(g.output, e.output)) << "call " << call;
     cuda_synchronize();  // each measured call's events are done before the next call
   }
   EXPECT_TRUE(unsettled_seen);
-  EXPECT_TRUE(info(*pr.graphed).graphs_settled());
-  const std::string log = info(*pr.graphed).graph_log();
+  EXPECT_TRUE((*pr.graphed).settled());
+  const std::string log = (*pr.graphed).log();
   EXPECT_NE(log.find("eager calls: host "), std::string::npos) << log;
   auto ends_with = [&](const std::string& tail) {
     return log.size() >= tail.size() && log.compare(log.size() - tail.size(), tail.size(), tail) == 0;
   };
   const bool replay = ends_with(": replay\n"), eager = ends_with(": eager\n");
   EXPECT_TRUE(replay || eager) << log;
-  EXPECT_EQ(info(*pr.graphed).last_graph(), replay ? "replayed" : "eager") << log;
-  EXPECT_TRUE(info(*pr.eager).graphs_settled());
+  EXPECT_EQ(last_graph(*pr.graphed), replay ? "replayed" : "eager") << log;
+  EXPECT_TRUE((*pr.eager).settled());
 #endif
 }
 
@@ -464,35 +453,35 @@ TEST(CudnnGraphs, AutoDecidesFromMeasuredCalls) {
 TEST(CudnnGraphs, ReplaysDoNotAllocateDeviceMemory) {
   LSTM_REQUIRE_GPU();
 #if LSTM_HAVE_CUDA
-  Pair pr(make_spec(32, 64, 2, true), 10, 4, "on", 111);
+  Pair pr(make_spec(32, 64, 2, true), 10, 4, GraphMode::On, 111);
   LstmInput in;
   in.x = pr.new_x();
-  std::vector<Tensor> dw = make_flat_weights(pr.s, pr.graphed->flat_layout(pr.s, pr.dt), pr.dt, Device::CUDA);
+  std::vector<Tensor> dw = make_flat_weights(pr.s, pr.graphed->flat_layout(pr.dt), pr.dt, Device::CUDA);
   LstmGradOutput grad;
   auto train_step = [&] {
     Rng r(1);
     std::unique_ptr<LstmSaved> saved;
-    const LstmOutput o = pr.graphed->forward(pr.s, pr.wg, in, true, &r, &saved);
+    const LstmOutput o = pr.graphed->forward(pr.wg, in, true, &r, &saved, ExecContext::current(Device::CUDA));
     if (!grad.d_output.defined()) grad.d_output = Tensor::full(o.output.shape(), 0.25, pr.dt, Device::CUDA);
-    pr.graphed->backward(pr.s, pr.wg, *saved, grad, dw);
+    pr.graphed->backward(pr.wg, *saved, grad, dw, ExecContext::current(Device::CUDA));
   };
-  pr.graphed->forward(pr.s, pr.wg, in, false, nullptr, nullptr);
+  pr.graphed->forward(pr.wg, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
   train_step();
   cuda_synchronize();
   const int64_t mallocs = arena_stats().device_mallocs;
   int64_t captures = 0;
   for (int call = 0; call < 12; ++call) {
     refill_x(in.x, pr.rng, {}, pr.s, pr.T, pr.B);
-    pr.graphed->forward(pr.s, pr.wg, in, false, nullptr, nullptr);
-    EXPECT_EQ(info(*pr.graphed).last_graph(), "replayed");
+    pr.graphed->forward(pr.wg, in, false, nullptr, nullptr, ExecContext::current(Device::CUDA));
+    EXPECT_EQ(last_graph(*pr.graphed), "replayed");
     train_step();
-    EXPECT_EQ(info(*pr.graphed).last_graph(), "replayed");
+    EXPECT_EQ(last_graph(*pr.graphed), "replayed");
     // After a few calls every set of buffers the loop cycles through has its graph.
-    if (call == 3) captures = info(*pr.graphed).graph_counts().captures;
+    if (call == 3) captures = (*pr.graphed).graph_counts().captures;
   }
   cuda_synchronize();
   EXPECT_EQ(arena_stats().device_mallocs, mallocs);
-  EXPECT_EQ(info(*pr.graphed).graph_counts().captures, captures) << "a steady loop kept capturing";
-  EXPECT_GE(info(*pr.graphed).graph_counts().replays, 8 * 3);
+  EXPECT_EQ((*pr.graphed).graph_counts().captures, captures) << "a steady loop kept capturing";
+  EXPECT_GE((*pr.graphed).graph_counts().replays, 8 * 3);
 #endif
 }

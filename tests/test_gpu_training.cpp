@@ -211,8 +211,8 @@ TEST(GpuTraining, NonFiniteGradientSkipsTheUpdateAndStops) {
 // the warm-up; "auto" moves when its measurements say so).
 TEST(GpuTraining, StepsAfterWarmUpDoNotAllocateDeviceMemory) {
   LSTM_REQUIRE_GPU();
-  for (const char* graphs : {"off", "on"}) {
-    SCOPED_TRACE(std::string("cuda_graphs ") + graphs);
+  for (GraphMode graphs : {GraphMode::Off, GraphMode::On}) {
+    SCOPED_TRACE(std::string("cuda_graphs ") + graph_mode_name(graphs));
     Model m;
     LstmSpec s;
     s.hidden_size = 64;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
 #include "lstm/safetensors.hpp"
@@ -95,10 +96,11 @@ void replay(const SafetensorsFile& f, const LstmSpec& spec, DType dt, double tol
     in.c0 = need(f, "c0").to(dt);
   }
 
-  LstmBackend& be = lstm_backend(Algo::Reference, spec, dt, Device::CPU);
+  auto be_owner = lstm::testing::reference_backend(spec, dt);
+  LstmBackend& be = *be_owner;
   Rng rng(1);
   std::unique_ptr<LstmSaved> saved;
-  LstmOutput out = be.forward(spec, w, in, /*training=*/true, &rng, &saved);
+  LstmOutput out = be.forward(w, in, /*training=*/true, &rng, &saved, ExecContext::cpu());
   ASSERT_TRUE(saved);
   ASSERT_EQ(out.output.dtype(), dt);
   expect_match(out.output, need(f, "output"), tol, "output");
@@ -108,7 +110,7 @@ void replay(const SafetensorsFile& f, const LstmSpec& spec, DType dt, double tol
   LstmGradOutput cot{need(f, "r_output").to(dt), need(f, "r_h_n").to(dt), need(f, "r_c_n").to(dt)};
   std::vector<Tensor> dw;
   for (const auto& t : w) dw.push_back(Tensor::zeros(t.shape(), dt));
-  LstmGrads g = be.backward(spec, w, *saved, cot, dw);
+  LstmGrads g = be.backward(w, *saved, cot, dw, ExecContext::cpu());
   expect_match(g.d_x, need(f, "grad_input"), tol, "grad_input");
   // Where the input is poison, the gradient is exactly zero, not merely small.
   for (int64_t i = 0; i < in.x.numel(); ++i)

@@ -88,8 +88,8 @@ constexpr uint64_t kDropoutSeed = 777;
 double loss(Problem& p) {
   // A fresh Rng with the same seed for every evaluation: the dropout mask is a constant of the loss.
   Rng rng(kDropoutSeed);
-  LstmOutput o = lstm_backend(Algo::Reference, p.spec, DType::F64, Device::CPU)
-                     .forward(p.spec, p.w, p.in, /*training=*/true, &rng, nullptr);
+  LstmOutput o = lstm::testing::reference_backend(p.spec, DType::F64)->forward(p.w, p.in, /*training=*/true, &rng, nullptr,
+                                                                              ExecContext::cpu());
   return dot(o.output, p.cot.d_output) + dot(o.h_n, p.cot.d_h_n) + dot(o.c_n, p.cot.d_c_n);
 }
 
@@ -100,13 +100,14 @@ struct Analytic {
 };
 
 Analytic analytic(Problem& p) {
-  LstmBackend& be = lstm_backend(Algo::Reference, p.spec, DType::F64, Device::CPU);
+  auto be_owner = lstm::testing::reference_backend(p.spec, DType::F64);
+  LstmBackend& be = *be_owner;
   Rng rng(kDropoutSeed);
   std::unique_ptr<LstmSaved> saved;
   Analytic a;
-  a.out = be.forward(p.spec, p.w, p.in, true, &rng, &saved);
+  a.out = be.forward(p.w, p.in, true, &rng, &saved, ExecContext::cpu());
   for (const auto& w : p.w) a.dw.push_back(Tensor::zeros(w.shape(), DType::F64));
-  a.g = be.backward(p.spec, p.w, *saved, p.cot, a.dw);
+  a.g = be.backward(p.w, *saved, p.cot, a.dw, ExecContext::cpu());
   return a;
 }
 
@@ -175,18 +176,19 @@ TEST_P(GradCheck, GradientsAccumulateIntoDWeights) {
   // backward adds into d_weights: a second backward from the same saved state doubles them.
   const Case& c = GetParam();
   Problem p = make_problem(c, 99);
-  LstmBackend& be = lstm_backend(Algo::Reference, p.spec, DType::F64, Device::CPU);
+  auto be_owner = lstm::testing::reference_backend(p.spec, DType::F64);
+  LstmBackend& be = *be_owner;
   Rng rng(kDropoutSeed);
   std::unique_ptr<LstmSaved> saved;
-  be.forward(p.spec, p.w, p.in, true, &rng, &saved);
+  be.forward(p.w, p.in, true, &rng, &saved, ExecContext::cpu());
   std::vector<Tensor> once, twice;
   for (const auto& w : p.w) {
     once.push_back(Tensor::zeros(w.shape(), DType::F64));
     twice.push_back(Tensor::zeros(w.shape(), DType::F64));
   }
-  LstmGrads g1 = be.backward(p.spec, p.w, *saved, p.cot, once);
-  be.backward(p.spec, p.w, *saved, p.cot, twice);
-  LstmGrads g2 = be.backward(p.spec, p.w, *saved, p.cot, twice);
+  LstmGrads g1 = be.backward(p.w, *saved, p.cot, once, ExecContext::cpu());
+  be.backward(p.w, *saved, p.cot, twice, ExecContext::cpu());
+  LstmGrads g2 = be.backward(p.w, *saved, p.cot, twice, ExecContext::cpu());
   EXPECT_EQ(max_abs_diff(g1.d_x, g2.d_x), 0.0) << "a backward must not consume its saved state";
   for (size_t i = 0; i < once.size(); ++i) {
     Tensor doubled = once[i].clone();
@@ -268,8 +270,8 @@ TEST_P(Semantics, HnIsTheOutputAtEachSequencesOwnLastStep) {
   const Case& c = GetParam();
   Problem p = make_problem(c, 7);
   // In inference too: h_n must not depend on whether state is saved.
-  LstmOutput o = lstm_backend(Algo::Reference, c.spec, DType::F64, Device::CPU)
-                     .forward(p.spec, p.w, p.in, false, nullptr, nullptr);
+  LstmOutput o = lstm::testing::reference_backend(c.spec, DType::F64)->forward(p.w, p.in, false, nullptr, nullptr,
+                                                                                  ExecContext::cpu());
   const LstmSpec& s = c.spec;
   const int64_t Ho = s.out_size(), D = s.directions(), Fo = D * Ho, top = (s.num_layers - 1) * D;
   for (int64_t b = 0; b < c.B; ++b)
@@ -289,8 +291,9 @@ TEST_P(Semantics, ReverseDirectionStartsAtEachSequencesOwnEnd) {
   const Case& c = GetParam();
   Problem p = make_problem(c, 8);
   const LstmSpec& s = c.spec;
-  LstmBackend& be = lstm_backend(Algo::Reference, s, DType::F64, Device::CPU);
-  LstmOutput full = be.forward(s, p.w, p.in, false, nullptr, nullptr);
+  auto be_owner = lstm::testing::reference_backend(s, DType::F64);
+  LstmBackend& be = *be_owner;
+  LstmOutput full = be.forward(p.w, p.in, false, nullptr, nullptr, ExecContext::cpu());
   const int64_t Ho = s.out_size(), H = s.hidden_size, Fo = s.directions() * Ho;
   const int64_t LD = s.num_layers * s.directions();
   for (int64_t b = 0; b < c.B; ++b) {
@@ -308,7 +311,7 @@ TEST_P(Semantics, ReverseDirectionStartsAtEachSequencesOwnEnd) {
         for (int64_t k = 0; k < H; ++k) one.c0.set(l * H + k, p.in.c0.get((l * c.B + b) * H + k));
       }
     }
-    LstmOutput alone = be.forward(s, p.w, one, false, nullptr, nullptr);
+    LstmOutput alone = be.forward(p.w, one, false, nullptr, nullptr, ExecContext::cpu());
     double worst = 0;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t k = 0; k < Fo; ++k)
@@ -353,16 +356,18 @@ TEST(LstmSemantics, EqualLengthsEqualNoLengths) {
 TEST(LstmSemantics, DropoutOnlyInTrainingAndNotAfterTheLastLayer) {
   Case c{"drop", make_spec(3, 4, 2, false, 0, true, false, 0.5), 4, 3, {}, false};
   Problem p = make_problem(c, 12);
-  LstmBackend& be = lstm_backend(Algo::Reference, c.spec, DType::F64, Device::CPU);
+  auto be_owner = lstm::testing::reference_backend(c.spec, DType::F64);
+  LstmBackend& be = *be_owner;
   LstmSpec no_drop = c.spec;
   no_drop.dropout = 0;
-  LstmOutput eval = be.forward(c.spec, p.w, p.in, false, nullptr, nullptr);
-  LstmOutput plain = be.forward(no_drop, p.w, p.in, true, nullptr, nullptr);
+  LstmOutput eval = be.forward(p.w, p.in, false, nullptr, nullptr, ExecContext::cpu());
+  LstmOutput plain = lstm::testing::reference_backend(no_drop)->forward(p.w, p.in, true, nullptr, nullptr,
+                                                                          ExecContext::cpu());
   EXPECT_EQ(max_abs_diff(eval.output, plain.output), 0.0) << "dropout must be off in inference";
   Rng r1(3), r2(3), r3(4);
-  LstmOutput t1 = be.forward(c.spec, p.w, p.in, true, &r1, nullptr);
-  LstmOutput t2 = be.forward(c.spec, p.w, p.in, true, &r2, nullptr);
-  LstmOutput t3 = be.forward(c.spec, p.w, p.in, true, &r3, nullptr);
+  LstmOutput t1 = be.forward(p.w, p.in, true, &r1, nullptr, ExecContext::cpu());
+  LstmOutput t2 = be.forward(p.w, p.in, true, &r2, nullptr, ExecContext::cpu());
+  LstmOutput t3 = be.forward(p.w, p.in, true, &r3, nullptr, ExecContext::cpu());
   EXPECT_EQ(max_abs_diff(t1.output, t2.output), 0.0) << "same seed, same mask";
   EXPECT_GT(max_abs_diff(t1.output, t3.output), 0.0) << "another seed, another mask";
   EXPECT_GT(max_abs_diff(t1.output, plain.output), 0.0);
@@ -374,10 +379,11 @@ TEST(LstmSemantics, DropoutOnlyInTrainingAndNotAfterTheLastLayer) {
   one.num_layers = 1;
   std::vector<Tensor> w1(p.w.begin(), p.w.begin() + static_cast<std::ptrdiff_t>(one.param_names().size()));
   Rng r4(3);
-  LstmOutput single = be.forward(one, w1, p.in, true, &r4, nullptr);
+  LstmOutput single = lstm::testing::reference_backend(one)->forward(w1, p.in, true, &r4, nullptr, ExecContext::cpu());
   LstmSpec one_plain = one;
   one_plain.dropout = 0;
-  LstmOutput single_plain = be.forward(one_plain, w1, p.in, true, nullptr, nullptr);
+  LstmOutput single_plain =
+      lstm::testing::reference_backend(one_plain)->forward(w1, p.in, true, nullptr, nullptr, ExecContext::cpu());
   EXPECT_EQ(max_abs_diff(single.output, single_plain.output), 0.0) << "no dropout after the last layer";
 }
 
@@ -390,13 +396,14 @@ TEST(LstmSemantics, F32AgreesWithF64) {
   q.in.x = p.in.x.to(DType::F32);
   q.in.h0 = p.in.h0.to(DType::F32);
   q.in.c0 = p.in.c0.to(DType::F32);
-  LstmBackend& be = lstm_backend(Algo::Reference, q.spec, DType::F32, Device::CPU);
+  auto be_owner = lstm::testing::reference_backend(q.spec, DType::F32);
+  LstmBackend& be = *be_owner;
   std::unique_ptr<LstmSaved> saved;
-  LstmOutput o = be.forward(q.spec, q.w, q.in, true, nullptr, &saved);
+  LstmOutput o = be.forward(q.w, q.in, true, nullptr, &saved, ExecContext::cpu());
   ASSERT_EQ(o.output.dtype(), DType::F32);
   std::vector<Tensor> dw;
   for (const auto& w : q.w) dw.push_back(Tensor::zeros(w.shape(), DType::F32));
-  LstmGrads g = be.backward(q.spec, q.w, *saved, p.cot, dw);  // f64 cotangents are converted
+  LstmGrads g = be.backward(q.w, *saved, p.cot, dw, ExecContext::cpu());  // f64 cotangents are converted
   EXPECT_LT(rel_l2_error(o.output, a64.out.output), 1e-5);
   EXPECT_LT(rel_l2_error(o.h_n, a64.out.h_n), 1e-5);
   EXPECT_LT(rel_l2_error(o.c_n, a64.out.c_n), 1e-5);
@@ -422,9 +429,10 @@ void expect_error(F&& f, const std::vector<std::string>& needles) {
 TEST(LstmErrors, BadShapesAndLengthsAreNamed) {
   Case c{"e", make_spec(3, 4, 2, true), 5, 2, {5, 3}, true};
   Problem p = make_problem(c, 21);
-  LstmBackend& be = lstm_backend(Algo::Reference, c.spec, DType::F64, Device::CPU);
+  auto be_owner = lstm::testing::reference_backend(c.spec, DType::F64);
+  LstmBackend& be = *be_owner;
   auto fwd = [&](const LstmInput& in, const std::vector<Tensor>& w) {
-    return [&, in, w] { be.forward(c.spec, w, in, false, nullptr, nullptr); };
+    return [&, in, w] { be.forward(w, in, false, nullptr, nullptr, ExecContext::cpu()); };
   };
   {
     LstmInput in = p.in;
@@ -480,11 +488,12 @@ TEST(LstmErrors, BadShapesAndLengthsAreNamed) {
     bad.proj_size = 4;
     expect_error([&] { bad.validate(); }, {"proj_size", "got 4"});
   }
-  expect_error([&] { lstm_backend(Algo::Reference, c.spec, DType::BF16, Device::CPU); }, {"reference", "BF16"});
+  expect_error([&] { lstm::testing::reference_backend(c.spec, DType::BF16); }, {"reference", "BF16"});
   {
     LstmSpec drop = c.spec;
     drop.dropout = 0.3;
-    expect_error([&] { be.forward(drop, p.w, p.in, true, nullptr, nullptr); }, {"dropout", "Rng"});
+    expect_error([&] { lstm::testing::reference_backend(drop)->forward(p.w, p.in, true, nullptr, nullptr, ExecContext::cpu()); },
+                 {"dropout", "Rng"});
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <omp.h>
 
+#include "gpu_test_util.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/parallel.hpp"
 
@@ -19,12 +20,13 @@ struct Result {
 };
 
 Result run(const LstmSpec& s, const std::vector<Tensor>& w, const LstmInput& in, const LstmGradOutput& g) {
-  LstmBackend& be = lstm_backend(Algo::Reference, s, in.x.dtype(), Device::CPU);
+  auto be_owner = lstm::testing::reference_backend(s, in.x.dtype());
+  LstmBackend& be = *be_owner;
   std::unique_ptr<LstmSaved> saved;
   Result r;
-  r.out = be.forward(s, w, in, true, nullptr, &saved);
+  r.out = be.forward(w, in, true, nullptr, &saved, ExecContext::cpu());
   for (auto& t : w) r.dw.push_back(Tensor::zeros(t.shape(), t.dtype()));
-  r.grads = be.backward(s, w, *saved, g, r.dw);
+  r.grads = be.backward(w, *saved, g, r.dw, ExecContext::cpu());
   return r;
 }
 

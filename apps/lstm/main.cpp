@@ -47,9 +47,8 @@ Placement make_placement(const std::string& device, const std::string& precision
   if (p.device == Device::CUDA) require_cuda("--device cuda");
   p.precision = precision_from_name(precision);
   p.lstm.algo = algo_from_name(algo);
-  p.lstm.cudnn_algo = cudnn_algo;
-  check_cuda_graphs(cuda_graphs, "--cuda-graphs");
-  p.lstm.cuda_graphs = cuda_graphs;
+  p.lstm.cudnn_algo = cudnn_algo_from_name(cudnn_algo, "--cudnn-algo");
+  p.lstm.cuda_graphs = graph_mode_from_name(cuda_graphs, "--cuda-graphs");
   p.lstm.allow_tf32 = p.precision == Precision::TF32;
   return p;
 }
@@ -86,7 +85,6 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
     else if (dt == "f16") out_dtype = round_to = DType::F16, compute = DType::F32, round_operands = true;
     else LSTM_THROW("--dtype must be one of f64, f32, tf32, bf16, f16; got '" << dt << "'");
   }
-  Algo algo = algo_from_name(algo_arg);
   if (device == Device::CUDA) {
     // On the GPU bf16/f16 are real storage types; the cell state and accumulation stay fp32.
     if (round_operands) compute = round_to;
@@ -97,12 +95,19 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
     return c.to_device(device);
   };
   LstmOptions lo;
-  lo.algo = algo;
-  lo.cudnn_algo = cudnn_algo;
+  lo.cudnn_algo = cudnn_algo_from_name(cudnn_algo, "--cudnn-algo");
   lo.allow_tf32 = dt == "tf32";
-  std::unique_ptr<LstmBackend> be = make_lstm_backend(lo, spec, compute, device);
+  // --algo is an algorithm (auto, reference, cudnn, fused, ...) or a backend of `lstm info`'s list
+  // (e.g. cudnn:persist_static).
+  std::unique_ptr<LstmBackend> be;
+  if (algo_arg.find(':') != std::string::npos) {
+    be = make_lstm_backend(algo_arg, lo, spec, compute, device);
+  } else {
+    lo.algo = algo_from_name(algo_arg);
+    be = make_lstm_backend(lo, spec, compute, device);
+  }
   // Weights go where the backend wants them (on the GPU: views into cuDNN's weight space).
-  std::vector<Tensor> weights = make_flat_weights(spec, be->flat_layout(spec, compute), compute, device);
+  std::vector<Tensor> weights = make_flat_weights(spec, be->flat_layout(compute), compute, device);
   {
     const auto names = spec.param_names();
     for (size_t i = 0; i < names.size(); ++i) weights[i].copy_(prep(m.tensors.at(names[i])));
@@ -125,16 +130,15 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
                  input_path << ": unexpected tensor '" << k << "' (expected input, lengths, h0, c0)");
   LstmOutput out;
   try {
-    out = be->forward(spec, weights, in, false, nullptr, nullptr);
+    out = be->forward(weights, in, false, nullptr, nullptr, ExecContext::current(device));
   } catch (const Error& e) {
     LSTM_THROW(input_path << ": " << e.what());
   }
   write_safetensors(output_path, {{"output", out.output.to(out_dtype)}, {"h_n", out.h_n.to(out_dtype)},
                                   {"c_n", out.c_n.to(out_dtype)}},
-                    {{"algo", algo_name(be->algo())}, {"device", device_arg}, {"dtype", dt.empty() ? dtype_name(out_dtype) : dt}});
+                    {{"algo", be->last_run()}, {"device", device_arg}, {"dtype", dt.empty() ? dtype_name(out_dtype) : dt}});
   std::cerr << "lstm forward: " << spec.num_layers << " layer(s), hidden " << spec.hidden_size
-            << (spec.bidirectional ? ", bidirectional" : "") << "; algo " << algo_name(be->algo())
-            << (be->algo() == Algo::Cudnn ? " (" + cudnn_algo + ")" : std::string()) << " on " << device_arg
+            << (spec.bidirectional ? ", bidirectional" : "") << "; ran " << be->last_run() << " on " << device_arg
             << "; wrote " << output_path << "\n";
   return 0;
 }
@@ -150,16 +154,10 @@ int cmd_info(const std::string& model_path) {
   } else {
     std::cout << "  cuda: unavailable: " << cuda_unavailable_reason() << "\n";
   }
-  std::cout << "LSTM algorithms:";
-  for (Algo a : available_algos()) {
-    std::cout << " " << algo_name(a);
-    if (a == Algo::Cudnn) {
-      std::cout << " (cuDNN algorithms:";
-      for (const auto& n : cudnn_algo_names()) std::cout << " " << n;
-      std::cout << ", auto)";
-    }
-  }
-  std::cout << " auto\n";
+  std::cout << "LSTM backends (--algo takes an algorithm or one of these names; auto: the fastest that runs "
+               "the case, measured per shape on a GPU):\n";
+  for (const LstmBackendEntry& r : lstm_backends())
+    std::cout << "  " << r.name << (r.baseline ? " (baseline)" : "") << ": " << r.summary << "\n";
   std::cout << "precisions: f64 (CPU), f32, tf32, bf16, f16 (GPU)\n";
   if (!model_path.empty()) {
     std::string p = resolve_model_path(model_path);
@@ -195,12 +193,13 @@ int main(int argc, char** argv) {
   auto add_placement = [&](CLI::App* c) {
     c->add_option("--device", device, "cpu|cuda")->capture_default_str();
     c->add_option("--precision", precision, "f32 (CPU, GPU), tf32|bf16|f16 (GPU)")->capture_default_str();
-    c->add_option("--algo", algo, "LSTM implementation: auto|reference|cudnn")->capture_default_str();
+    c->add_option("--algo", algo, "LSTM implementation: auto|reference|cudnn|fused|naive (lstm info lists them)")
+        ->capture_default_str();
     c->add_option("--cudnn-algo", cudnn_algo,
                   "cuDNN's algorithm: standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic")
         ->capture_default_str();
     c->add_option("--cuda-graphs", cuda_graphs,
-                  "replay cuDNN's LSTM calls as CUDA graphs: auto (when that pays, measured once per shape)|on|off")
+                  "replay the GPU LSTM's calls as CUDA graphs: auto (when that pays, measured once per shape)|on|off")
         ->capture_default_str();
   };
   add_placement(train);
@@ -237,7 +236,9 @@ int main(int argc, char** argv) {
   fwd->add_option("--output", out_path, "safetensors to write: output, h_n, c_n")->required();
   fwd->add_option("--dtype", dtype_arg, "f64|f32|tf32|bf16|f16 (default: the input's dtype)");
   fwd->add_option("--device", device, "cpu|cuda")->capture_default_str();
-  fwd->add_option("--algo", algo_arg, "reference|cudnn|auto (auto: reference on the CPU, cudnn on the GPU)")
+  fwd->add_option("--algo", algo_arg,
+                  "an algorithm (auto|reference|cudnn|fused|naive) or a backend of lstm info's list, e.g. "
+                  "cudnn:persist_static (auto: the reference on the CPU, the fastest measured on the GPU)")
       ->capture_default_str();
   fwd->add_option("--cudnn-algo", fwd_cudnn_algo,
                   "standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic (auto: the "

@@ -1306,7 +1306,7 @@ class CudnnBackend final : public LstmBackend {
 
   LstmOptions options_;
   int algo_;
-  int graphs_;
+  GraphMode graphs_;
   double copy_gbs_ = -1;  // device_copy_gbs() once "auto" first needs it
   cudaStream_t capture_stream_ = nullptr;
   bool settled_fwd_ = true, settled_bwd_ = true;  // see graphs_settled()

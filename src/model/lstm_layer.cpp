@@ -64,19 +64,22 @@ class LstmLayer final : public Layer {
 #if LSTM_HAVE_CUDA
     if (placement_.device == Device::CUDA) return forward_gpu(in, training, rng);
 #endif
-    LstmBackend& be = lstm_backend(algo_, spec_, in.data.dtype(), Device::CPU);
+    if (!cpu_ || cpu_->dtype() != in.data.dtype()) {
+      LstmOptions o;
+      o.algo = algo_;
+      cpu_ = make_lstm_backend(o, spec_, in.data.dtype(), Device::CPU);
+    }
     LstmInput li{in.data, in.lengths, {}, {}};
     if (stateful_ && state_h_.defined() && state_h_.size(1) == in.data.size(1) && state_h_.dtype() == in.data.dtype()) {
       li.h0 = state_h_;
       li.c0 = state_c_;
     }
     saved_.reset();
-    LstmOutput out = be.forward(spec_, weights_, li, training, &rng, training ? &saved_ : nullptr);
+    LstmOutput out = cpu_->forward(weights_, li, training, &rng, training ? &saved_ : nullptr, ExecContext::cpu());
     if (stateful_) {
       state_h_ = out.h_n;
       state_c_ = out.c_n;
     }
-    backend_ = &be;
     B_ = in.data.size(1);
     if (output_ == "sequence") return {out.output, in.lengths};
     return {last_layer_h(out.h_n), in.lengths};
@@ -98,7 +101,7 @@ class LstmLayer final : public Layer {
       Tensor src = grad_out.data;
       copy_last_layer(g.d_h_n, src, /*to_vector=*/false);
     }
-    LstmGrads r = backend_->backward(spec_, weights_, *saved_, g, grads_);
+    LstmGrads r = cpu_->backward(weights_, *saved_, g, grads_, ExecContext::cpu());
     saved_.reset();
     return {r.d_x, grad_out.lengths};
   }
@@ -133,7 +136,7 @@ class LstmLayer final : public Layer {
     const DType compute = precision_dtype(p.precision);
     std::unique_ptr<LstmBackend> be = make_lstm_backend(o, spec_, compute, Device::CUDA);
     // Master weights and gradients: F32 in the backend's F32 layout (its weight space at f32/tf32).
-    layout32_ = be->flat_layout(spec_, DType::F32);
+    layout32_ = be->flat_layout(DType::F32);
     Tensor wf = flat_buffer(layout32_, DType::F32), gf = flat_buffer(layout32_, DType::F32);
     std::vector<Tensor> w = views(wf, layout32_, DType::F32), g = views(gf, layout32_, DType::F32);
     for (size_t i = 0; i < w.size(); ++i) {
@@ -147,7 +150,7 @@ class LstmLayer final : public Layer {
     g_flat_ = gf;
     compute_ = compute;
     if (compute != DType::F32) {
-      layout_h_ = be->flat_layout(spec_, compute);
+      layout_h_ = be->flat_layout(compute);
       wh_flat_ = flat_buffer(layout_h_, compute);
       gh_flat_ = flat_buffer(layout_h_, compute);
       wh_ = views(wh_flat_, layout_h_, compute);
@@ -274,7 +277,8 @@ class LstmLayer final : public Layer {
       li.c0 = state_c_;
     }
     saved_.reset();
-    LstmOutput out = gpu_->forward(spec_, *w, li, training, &rng, training ? &saved_ : nullptr);
+    LstmOutput out = gpu_->forward(*w, li, training, &rng, training ? &saved_ : nullptr,
+                                    ExecContext::current(Device::CUDA));
     if (stateful_) {
       state_h_ = out.h_n;
       state_c_ = out.c_n;
@@ -301,14 +305,14 @@ class LstmLayer final : public Layer {
     }
     LstmGrads r;
     if (compute_ == DType::F32) {
-      r = gpu_->backward(spec_, weights_, *saved_, g, grads_);
+      r = gpu_->backward(weights_, *saved_, g, grads_, ExecContext::current(Device::CUDA));
     } else {
       // The backend adds into its gradients: start them at zero, then add them into the F32 ones.
       if (gh_flat_.defined())
         gh_flat_.zero_();
       else
         for (auto& t : gh_) t.zero_();
-      r = gpu_->backward(spec_, wh_, *saved_, g, gh_);
+      r = gpu_->backward(wh_, *saved_, g, gh_, ExecContext::current(Device::CUDA));
       if (same_elems_)
         cuda::add_into(g_flat_.raw(), DType::F32, gh_flat_.raw(), compute_, g_flat_.numel());
       else
@@ -338,7 +342,7 @@ class LstmLayer final : public Layer {
   DType dtype_ = DType::F32;
   std::vector<Tensor> weights_, grads_;
   std::unique_ptr<LstmSaved> saved_;
-  LstmBackend* backend_ = nullptr;
+  std::unique_ptr<LstmBackend> cpu_;  // the CPU backend for the dtype of the last CPU forward
   int64_t B_ = 0;
   bool stateful_ = false;
   Tensor state_h_, state_c_;

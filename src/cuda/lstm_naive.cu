@@ -1,15 +1,18 @@
-#include "naive_lstm.hpp"
+#include "cuda/lstm_naive.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <type_traits>
+#include <vector>
 
 #include "core/cuda_rt.hpp"
 #include "cuda/cublas_util.hpp"
+#include "cuda/exec.hpp"
 
-namespace lstm::bench {
+namespace lstm::cuda {
 
 namespace {
 
@@ -85,7 +88,7 @@ __global__ void k_add_to(T* dst, const float* src, int64_t n) {
 
 template <class K, class... A>
 void launch(K kernel, int64_t n, A... args) {
-  kernel<<<cuda::grid_for(n), 256, 0, cuda::stream()>>>(args..., n);
+  kernel<<<grid_for(n), 256, 0, stream()>>>(args..., n);
   LSTM_CUDA_CHECK_LAUNCH();
 }
 
@@ -99,14 +102,8 @@ int as_int(int64_t v) {
   return static_cast<int>(v);
 }
 
-}  // namespace
-
-struct NaiveLstm::Impl {
-  LstmSpec spec;
-  DType dtype;
-  cublasComputeType_t compute;
-  cublasHandle_t handle = nullptr;
-  // Saved by a training forward, per layer.
+// What a training forward keeps for backward, per layer.
+struct NaiveSaved final : LstmSaved {
   struct Layer {
     Tensor in;      // [T, B, I_l] dtype (layer 0: x)
     Tensor h_seq;   // [T, B, H] dtype
@@ -114,9 +111,127 @@ struct NaiveLstm::Impl {
     Tensor gates;   // [T, 4, B, H] f32, activated i, f, g, o
     Tensor tanh_c;  // [T, B, H] f32
   };
-  std::vector<Layer> saved;
-  Tensor h0;  // [B, H] dtype zeros: h_{-1}
+  LstmSpec spec;
+  DType dtype = DType::F32;
   int64_t T = 0, B = 0;
+  Tensor h0;  // [B, H] dtype zeros: h_{-1}
+  std::vector<Layer> layers;
+};
+
+struct CublasDestroy {
+  void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+};
+using CublasHandle = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDestroy>;
+
+CublasHandle make_handle() {
+  cublasHandle_t h = nullptr;
+  LSTM_CUDA_CHECK(cublasCreate(&h));
+  CublasHandle owned(h);
+  LSTM_CUDA_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  return owned;
+}
+
+int current_device() {
+  int d = 0;
+  LSTM_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+class NaiveBackend final : public LstmBackend {
+ public:
+  NaiveBackend(const LstmSpec& spec, DType dtype, Device device, bool allow_tf32)
+      : LstmBackend(spec, dtype, device),
+        compute_(dtype == DType::F32 && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F),
+        device_index_(current_device()),
+        handle_(make_handle()) {}
+
+  Algo algo() const override { return Algo::Naive; }
+  std::string name() const override { return "naive"; }
+  std::string last_run() const override { return ran_ ? "naive" : ""; }
+
+  LstmOutput forward(const std::vector<Tensor>& weights, const LstmInput& in, bool training, Rng* rng,
+                     std::unique_ptr<LstmSaved>* saved, const ExecContext& ctx) override {
+    (void)training;  // no dropout: naive_lstm_unsupported refuses it
+    (void)rng;
+    auto [T, B] = check_call(in, weights, ctx);
+    for (size_t b = 0; b < in.lengths.size(); ++b)
+      LSTM_REQUIRE(in.lengths[b] == T, "LSTM naive: runs every sequence for all T=" << T
+                                           << " steps (no variable lengths), got lengths[" << b
+                                           << "]=" << in.lengths[b]);
+    LSTM_REQUIRE(!in.h0.defined() && !in.c0.defined(),
+                 "LSTM naive: starts from h0 = c0 = 0 (no initial state), got "
+                     << (in.h0.defined() ? "h0 " + in.h0.shape_str() : std::string())
+                     << (in.h0.defined() && in.c0.defined() ? " and " : "")
+                     << (in.c0.defined() ? "c0 " + in.c0.shape_str() : std::string()));
+    begin_call(ctx);
+    ExecScope scope(ctx);
+    // The handle is ours, so it follows the caller's stream only when told to.
+    LSTM_CUDA_CHECK(cublasSetStream(handle_.get(), stream()));
+    std::unique_ptr<NaiveSaved> sv = saved ? std::make_unique<NaiveSaved>() : nullptr;
+    LstmOutput out;
+    switch (dtype()) {
+      case DType::F32: out = forward_impl<float>(weights, in.x, T, B, sv.get()); break;
+      case DType::BF16: out = forward_impl<__nv_bfloat16>(weights, in.x, T, B, sv.get()); break;
+      default: out = forward_impl<__half>(weights, in.x, T, B, sv.get()); break;
+    }
+    if (saved) *saved = std::move(sv);
+    ran_ = true;
+    return out;
+  }
+
+  LstmGrads backward(const std::vector<Tensor>& weights, const LstmSaved& saved, const LstmGradOutput& grad,
+                     std::vector<Tensor>& d_weights, const ExecContext& ctx) override {
+    const auto* sv = dynamic_cast<const NaiveSaved*>(&saved);
+    LSTM_REQUIRE(sv, "LSTM naive backward: the saved state does not come from a naive training forward");
+    LSTM_REQUIRE(sv->spec == spec() && sv->dtype == dtype(),
+                 "LSTM naive backward: the saved state comes from another backend instance's forward");
+    check_backward(weights, *sv, grad, d_weights);
+    begin_call(ctx);
+    ExecScope scope(ctx);
+    LSTM_CUDA_CHECK(cublasSetStream(handle_.get(), stream()));
+    LstmGrads r;
+    switch (dtype()) {
+      case DType::F32: r.d_x = backward_impl<float>(weights, *sv, grad, d_weights); break;
+      case DType::BF16: r.d_x = backward_impl<__nv_bfloat16>(weights, *sv, grad, d_weights); break;
+      default: r.d_x = backward_impl<__half>(weights, *sv, grad, d_weights); break;
+    }
+    ran_ = true;
+    return r;
+  }
+
+ private:
+  // A cuBLAS handle belongs to the device it was created on.
+  void begin_call(const ExecContext& ctx) const {
+    LSTM_REQUIRE(ctx.device != Device::CUDA || ctx.device_index == device_index_,
+                 "LSTM naive: the backend was made on CUDA device " << device_index_
+                                                                    << ", the call's execution context is on device "
+                                                                    << ctx.device_index);
+  }
+
+  void check_backward(const std::vector<Tensor>& w, const NaiveSaved& sv, const LstmGradOutput& grad,
+                      const std::vector<Tensor>& dw) const {
+    const auto names = spec().param_names();
+    LSTM_REQUIRE(w.size() == names.size() && dw.size() == names.size(),
+                 "LSTM naive backward: expected " << names.size() << " weight and gradient tensors, got " << w.size()
+                                                  << " and " << dw.size());
+    auto check = [&](const Tensor& t, const Shape& want, const std::string& what) {
+      LSTM_REQUIRE(t.shape() == want && t.dtype() == dtype() && t.device() == Device::CUDA,
+                   "LSTM naive backward: " << what << " must be a CUDA " << dtype_name(dtype()) << " "
+                                           << shape_str(want) << ", got a " << device_name(t.device()) << " "
+                                           << dtype_name(t.dtype()) << " " << t.shape_str());
+    };
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Shape want = spec().param_shape(names[i]);
+      LSTM_REQUIRE(w[i].defined() && dw[i].defined(),
+                   "LSTM naive backward: weight '" << names[i] << "' or its gradient is undefined");
+      check(w[i], want, "weight '" + names[i] + "'");
+      check(dw[i], want, "the gradient of '" + names[i] + "'");
+    }
+    const int64_t L = spec().num_layers, H = spec().hidden_size;
+    if (grad.d_output.defined()) check(grad.d_output, {sv.T, sv.B, H}, "d_output");
+    if (grad.d_h_n.defined()) check(grad.d_h_n, {L, sv.B, H}, "d_h_n");
+    if (grad.d_c_n.defined()) check(grad.d_c_n, {L, sv.B, H}, "d_c_n");
+  }
 
   // Row-major C[M, N] (f32, ld ldc) = beta * C + op(A) op(B), A and B in the data type.
   // cuBLAS is column-major: row-major C is column-major C^T = op(B)^T op(A)^T, so the operands swap.
@@ -124,42 +239,49 @@ struct NaiveLstm::Impl {
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const TT* A, int64_t lda, const TT* Bm, int64_t ldb,
             float beta, float* C, int64_t ldc) {
     const float alpha = 1.0f;
-    LSTM_CUDA_CHECK(cublasGemmEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(N),
-                                 as_int(M), as_int(K), &alpha, Bm, cuda_type<TT>(), as_int(ldb), A, cuda_type<TT>(),
-                                 as_int(lda), &beta, C, CUDA_R_32F, as_int(ldc), compute, CUBLAS_GEMM_DEFAULT));
+    LSTM_CUDA_CHECK(cublasGemmEx(handle_.get(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 as_int(N), as_int(M), as_int(K), &alpha, Bm, cuda_type<TT>(), as_int(ldb), A,
+                                 cuda_type<TT>(), as_int(lda), &beta, C, CUDA_R_32F, as_int(ldc), compute_,
+                                 CUBLAS_GEMM_DEFAULT));
   }
 
   template <class TT>
-  Tensor forward(const std::vector<Tensor>& w, const Tensor& x, bool training);
+  LstmOutput forward_impl(const std::vector<Tensor>& w, const Tensor& x, int64_t T, int64_t B, NaiveSaved* sv);
   template <class TT>
-  Tensor backward(const std::vector<Tensor>& w, const Tensor& d_output, std::vector<Tensor>& dw);
+  Tensor backward_impl(const std::vector<Tensor>& w, const NaiveSaved& sv, const LstmGradOutput& grad,
+                       std::vector<Tensor>& dw);
+
+  cublasComputeType_t compute_;
+  int device_index_;
+  CublasHandle handle_;  // its own: the engine's shared handle may carry another math mode
+  bool ran_ = false;
 };
 
 template <class TT>
-Tensor NaiveLstm::Impl::forward(const std::vector<Tensor>& w, const Tensor& x, bool training) {
-  LSTM_REQUIRE(x.dim() == 3 && x.size(2) == spec.input_size && x.dtype() == dtype && x.device() == Device::CUDA,
-               "naive LSTM: x must be [T, B, " << spec.input_size << "] " << dtype_name(dtype) << " on cuda, got "
-                                                << x.shape_str() << " " << dtype_name(x.dtype()));
-  T = x.size(0);
-  B = x.size(1);
-  const int64_t H = spec.hidden_size, BH = B * H;
-  saved.clear();
-  h0 = Tensor::zeros({B, H}, dtype, Device::CUDA);
+LstmOutput NaiveBackend::forward_impl(const std::vector<Tensor>& w, const Tensor& x, int64_t T, int64_t B,
+                                      NaiveSaved* sv) {
+  const LstmSpec& spec = this->spec();
+  const DType dt = dtype();
+  const bool training = sv != nullptr;
+  const int64_t H = spec.hidden_size, BH = B * H, L = spec.num_layers;
+  Tensor h0 = Tensor::zeros({B, H}, dt, Device::CUDA);
   Tensor pre_x = Tensor::empty({4, B, H}, DType::F32, Device::CUDA);
   Tensor pre_h = Tensor::empty({4, B, H}, DType::F32, Device::CUDA);
   float* px = static_cast<float*>(pre_x.raw());
   float* ph = static_cast<float*>(pre_h.raw());
-  LSTM_CUDA_CHECK(cublasSetStream(handle, cuda::stream()));
+  LstmOutput out;
+  out.h_n = Tensor::empty({L, B, H}, dt, Device::CUDA);
+  out.c_n = Tensor::empty({L, B, H}, dt, Device::CUDA);
 
   Tensor in = x;
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
+  for (int64_t l = 0; l < L; ++l) {
     const int64_t I = spec.layer_input_size(l);
     const auto s = spec.slots(l, 0);
     const TT* w_ih = static_cast<const TT*>(w[s.w_ih].raw());
     const TT* w_hh = static_cast<const TT*>(w[s.w_hh].raw());
     const TT* b_ih = static_cast<const TT*>(w[s.b_ih].raw());
     const TT* b_hh = static_cast<const TT*>(w[s.b_hh].raw());
-    Tensor h_seq = Tensor::empty({T, B, H}, dtype, Device::CUDA);
+    Tensor h_seq = Tensor::empty({T, B, H}, dt, Device::CUDA);
     // Inference keeps one step of state; training keeps every step for backward.
     Tensor c = Tensor::empty({training ? T + 1 : 2, B, H}, DType::F32, Device::CUDA);
     Tensor gates = Tensor::empty(training ? Shape{T, 4, B, H} : Shape{4, B, H}, DType::F32, Device::CUDA);
@@ -191,25 +313,35 @@ Tensor NaiveLstm::Impl::forward(const std::vector<Tensor>& w, const Tensor& x, b
       launch(k_tanh, BH, static_cast<const float*>(c_cur), tc);
       launch(k_hout<TT>, BH, static_cast<const float*>(gt + 3 * BH), static_cast<const float*>(tc), h_p + t * BH);
     }
-    if (training) saved.push_back({in, h_seq, c, gates, tanh_c});
+    const int64_t c_last = training ? T : T % 2;
+    out.h_n.slice0(l, l + 1).copy_(h_seq.slice0(T - 1, T));
+    out.c_n.slice0(l, l + 1).copy_(c.slice0(c_last, c_last + 1));
+    if (training) sv->layers.push_back({in, h_seq, c, gates, tanh_c});
     in = h_seq;
   }
-  return in;
+  out.output = in;
+  if (training) {
+    sv->spec = spec;
+    sv->dtype = dt;
+    sv->T = T;
+    sv->B = B;
+    sv->h0 = h0;
+  }
+  return out;
 }
 
 template <class TT>
-Tensor NaiveLstm::Impl::backward(const std::vector<Tensor>& w, const Tensor& d_output, std::vector<Tensor>& dw) {
-  LSTM_REQUIRE(static_cast<int64_t>(saved.size()) == spec.num_layers, "naive LSTM: backward needs a training forward");
-  const int64_t H = spec.hidden_size, BH = B * H;
-  LSTM_REQUIRE(d_output.dim() == 3 && d_output.size(0) == T && d_output.size(1) == B && d_output.size(2) == H,
-               "naive LSTM: d_output must be [" << T << ", " << B << ", " << H << "], got " << d_output.shape_str());
-  LSTM_CUDA_CHECK(cublasSetStream(handle, cuda::stream()));
-  Tensor d_out = d_output.to(DType::F32);
+Tensor NaiveBackend::backward_impl(const std::vector<Tensor>& w, const NaiveSaved& sv, const LstmGradOutput& grad,
+                                   std::vector<Tensor>& dw) {
+  const LstmSpec& spec = this->spec();
+  const int64_t T = sv.T, B = sv.B, H = spec.hidden_size, BH = B * H;
+  Tensor d_out = grad.d_output.defined() ? grad.d_output.to(DType::F32)
+                                         : Tensor::zeros({T, B, H}, DType::F32, Device::CUDA);
   Tensor dh = Tensor::empty({B, H}, DType::F32, Device::CUDA);
   Tensor dh_next = Tensor::empty({B, H}, DType::F32, Device::CUDA);
   Tensor dc = Tensor::empty({B, H}, DType::F32, Device::CUDA);
   Tensor dc_next = Tensor::empty({B, H}, DType::F32, Device::CUDA);
-  Tensor dgate = Tensor::empty({4, B, H}, dtype, Device::CUDA);
+  Tensor dgate = Tensor::empty({4, B, H}, dtype(), Device::CUDA);
   float* dh_p = static_cast<float*>(dh.raw());
   float* dhn_p = static_cast<float*>(dh_next.raw());
   float* dc_p = static_cast<float*>(dc.raw());
@@ -217,7 +349,7 @@ Tensor NaiveLstm::Impl::backward(const std::vector<Tensor>& w, const Tensor& d_o
   TT* dg_p = static_cast<TT*>(dgate.raw());
 
   for (int64_t l = spec.num_layers - 1; l >= 0; --l) {
-    const Layer& s = saved[static_cast<size_t>(l)];
+    const NaiveSaved::Layer& s = sv.layers[static_cast<size_t>(l)];
     const int64_t I = spec.layer_input_size(l);
     const auto slot = spec.slots(l, 0);
     const TT* w_ih = static_cast<const TT*>(w[slot.w_ih].raw());
@@ -226,8 +358,15 @@ Tensor NaiveLstm::Impl::backward(const std::vector<Tensor>& w, const Tensor& d_o
     Tensor dw_hh = Tensor::zeros({4 * H, H}, DType::F32, Device::CUDA);
     Tensor db = Tensor::zeros({4 * H}, DType::F32, Device::CUDA);
     Tensor dx = Tensor::empty({T, B, I}, DType::F32, Device::CUDA);
-    dh_next.zero_();
-    dc_next.zero_();
+    // The gradients with respect to h_n and c_n enter at the last step, as the recurrent ones do.
+    if (grad.d_h_n.defined())
+      dh_next.copy_(grad.d_h_n.slice0(l, l + 1));
+    else
+      dh_next.zero_();
+    if (grad.d_c_n.defined())
+      dc_next.copy_(grad.d_c_n.slice0(l, l + 1));
+    else
+      dc_next.zero_();
     const float* dout_p = static_cast<const float*>(d_out.raw());
     const TT* in_p = static_cast<const TT*>(s.in.raw());
     const TT* h_p = static_cast<const TT*>(s.h_seq.raw());
@@ -252,7 +391,7 @@ Tensor NaiveLstm::Impl::backward(const std::vector<Tensor>& w, const Tensor& d_o
       launch(k_dc_next, BH, static_cast<const float*>(dc_p), gf, dcn_p);
       for (int g = 0; g < 4; ++g) launch(k_colsum<TT>, H, static_cast<const TT*>(dg_p + g * BH), B, db_p + g * H);
       const TT* in_t = in_p + t * B * I;
-      const TT* h_prev = t == 0 ? static_cast<const TT*>(h0.raw()) : h_p + (t - 1) * BH;
+      const TT* h_prev = t == 0 ? static_cast<const TT*>(sv.h0.raw()) : h_p + (t - 1) * BH;
       for (int g = 0; g < 4; ++g)
         gemm<TT>(false, false, B, H, H, dg_p + g * BH, H, w_hh + g * H * H, H, g ? 1.0f : 0.0f, dhn_p, H);
       for (int g = 0; g < 4; ++g)
@@ -268,10 +407,13 @@ Tensor NaiveLstm::Impl::backward(const std::vector<Tensor>& w, const Tensor& d_o
     launch(k_add_to<TT>, 4 * H, static_cast<TT*>(dw[slot.b_hh].raw()), static_cast<const float*>(db_p));
     d_out = dx;
   }
-  return d_out.to(dtype);
+  return d_out.to(dtype());
 }
 
-std::string NaiveLstm::unsupported_reason(const LstmSpec& spec, DType dtype) {
+}  // namespace
+
+std::string naive_lstm_unsupported(const LstmSpec& spec, DType dtype, Device device) {
+  if (device != Device::CUDA) return "runs on CUDA devices only";
   if (spec.bidirectional) return "the naive baseline is unidirectional only";
   if (spec.proj_size > 0) return "the naive baseline has no projection (proj_size)";
   if (!spec.bias) return "the naive baseline needs biases";
@@ -282,36 +424,12 @@ std::string NaiveLstm::unsupported_reason(const LstmSpec& spec, DType dtype) {
   return "";
 }
 
-NaiveLstm::NaiveLstm(const LstmSpec& spec, DType dtype, bool allow_tf32) : impl_(std::make_unique<Impl>()) {
+std::unique_ptr<LstmBackend> make_naive_lstm_backend(const LstmSpec& spec, DType dtype, Device device,
+                                                     const LstmOptions& options) {
   spec.validate();
-  const std::string why = unsupported_reason(spec, dtype);
-  LSTM_REQUIRE(why.empty(), why);
-  impl_->spec = spec;
-  impl_->dtype = dtype;
-  impl_->compute = dtype == DType::F32 && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  // Its own handle: the engine's shared handle may carry another math mode.
-  LSTM_CUDA_CHECK(cublasCreate(&impl_->handle));
-  LSTM_CUDA_CHECK(cublasSetMathMode(impl_->handle, CUBLAS_DEFAULT_MATH));
+  const std::string why = naive_lstm_unsupported(spec, dtype, device);
+  LSTM_REQUIRE(why.empty(), "LSTM backend 'naive' cannot run this case: " << why);
+  return std::make_unique<NaiveBackend>(spec, dtype, device, options.allow_tf32);
 }
 
-NaiveLstm::~NaiveLstm() {
-  if (impl_ && impl_->handle) cublasDestroy(impl_->handle);
-}
-
-Tensor NaiveLstm::forward(const std::vector<Tensor>& weights, const Tensor& x, bool training) {
-  switch (impl_->dtype) {
-    case DType::F32: return impl_->forward<float>(weights, x, training);
-    case DType::BF16: return impl_->forward<__nv_bfloat16>(weights, x, training);
-    default: return impl_->forward<__half>(weights, x, training);
-  }
-}
-
-Tensor NaiveLstm::backward(const std::vector<Tensor>& weights, const Tensor& d_output, std::vector<Tensor>& d_weights) {
-  switch (impl_->dtype) {
-    case DType::F32: return impl_->backward<float>(weights, d_output, d_weights);
-    case DType::BF16: return impl_->backward<__nv_bfloat16>(weights, d_output, d_weights);
-    default: return impl_->backward<__half>(weights, d_output, d_weights);
-  }
-}
-
-}  // namespace lstm::bench
+}  // namespace lstm::cuda
