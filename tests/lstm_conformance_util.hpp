@@ -337,6 +337,13 @@ inline void expect_zero_past_lengths(const Tensor& t, const LstmSpec& s, const s
   }
 }
 
+// A weight gradient is a sum over every step and sequence, formed in another order by each
+// backend: in f32 its rounding grows past DESIGN.md's 1e-5 (stated for layer outputs) on small
+// gradients. cuDNN's f32 weight gradients measured 2.0e-5 on the H200 on the golden case
+// lstm_input_gt_hidden (every cuDNN algorithm alike), so f32 weight gradients get 5e-5; the
+// other precisions' tolerances already cover it.
+inline double weight_grad_tol(double tol) { return tol == 1e-5 ? 5e-5 : tol; }
+
 // got against want (the reference or PyTorch's numbers) for everything the problem defines.
 inline void compare(const Result& got, const Result& want, const Problem& p, bool training, double tol) {
   const LstmSpec& s = p.spec;
@@ -359,7 +366,7 @@ inline void compare(const Result& got, const Result& want, const Problem& p, boo
   }
   const auto names = s.param_names();
   ASSERT_EQ(got.dw.size(), names.size());
-  for (size_t i = 0; i < names.size(); ++i) expect_close(got.dw[i], want.dw[i], tol, "d_" + names[i]);
+  for (size_t i = 0; i < names.size(); ++i) expect_close(got.dw[i], want.dw[i], weight_grad_tol(tol), "d_" + names[i]);
 }
 
 // ---- PyTorch's golden files (tests/fixtures/lstm_*.safetensors, scripts/make_fixtures.py) ----

@@ -269,6 +269,11 @@ class AutoBackend final : public LstmBackend {
       }
     }
     LSTM_REQUIRE(best, "LSTM auto: no registered backend runs this case:" << log.str().substr(log.str().find(':') + 1));
+    // A backend may draw from the Rng once per instance (cuDNN seeds its dropout state on its
+    // first training call); the trials drew from a copy, so the caller's Rng would never be drawn
+    // from. A fresh instance of the winner draws at the real call, as it would without Auto.
+    if (training && rng) drop_unless_picked(best->name);
+    instance(*best);
     log << " picked " << best->name << '\n';
     const std::string file_err = file.put(fk, {{"pick", best->name}, {"us", times}});
     log_ += log.str();
