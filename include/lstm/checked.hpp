@@ -14,6 +14,10 @@ namespace lstm {
 // The largest size of one dimension (a hidden size, a batch, a sequence length, ...): BLAS,
 // cuBLAS and cuDNN index with 32-bit integers, so nothing larger can run anyway.
 inline constexpr int64_t kMaxDim = 2147483647;
+// The most layers of one LSTM stack: the host walks the stack layer by layer (names, shapes,
+// launches), so a mistyped 1e6 would spin for hours long before memory ran out; stacks that
+// train are a few layers deep.
+inline constexpr int64_t kMaxLayers = 1024;
 
 // a * b and a + b for non-negative operands; on overflow throws lstm::Error
 // "<what>: <a> * <b> overflows 64-bit integers".

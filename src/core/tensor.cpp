@@ -84,6 +84,24 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+void require_finite(const Tensor& t, const std::string& what) {
+  if (!t.defined() || !is_floating(t.dtype())) return;
+  const Tensor h = t.cpu();
+  auto first_bad = [&]<class T>(const T* p) -> int64_t {
+    for (int64_t i = 0; i < h.numel(); ++i)
+      if (!std::isfinite(p[i])) return i;
+    return -1;
+  };
+  int64_t i = -1;
+  if (h.dtype() == DType::F32) i = first_bad(h.data<float>());
+  else if (h.dtype() == DType::F64) i = first_bad(h.data<double>());
+  else
+    for (int64_t k = 0; k < h.numel() && i < 0; ++k)
+      if (!std::isfinite(h.get(k))) i = k;
+  LSTM_REQUIRE(i < 0, what << " holds " << h.get(i) << " at flat index " << i << " (shape " << h.shape_str()
+                           << "); expected finite values");
+}
+
 uint16_t f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
