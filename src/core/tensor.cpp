@@ -181,7 +181,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   LSTM_REQUIRE(!__builtin_mul_overflow(t.numel_, static_cast<int64_t>(dtype_size(dtype)), &want),
                "a tensor " << lstm::shape_str(shape) << " " << dtype_name(dtype)
                            << " has more bytes than 64-bit integers count");
-  if (static_cast<uint64_t>(want) > physical_memory_bytes() && physical_memory_bytes() > 0)
+  // Host memory only: the device arena reports its own limit.
+  if (device == Device::CPU && static_cast<uint64_t>(want) > physical_memory_bytes() && physical_memory_bytes() > 0)
     require_memory(static_cast<uint64_t>(want), "a tensor " + lstm::shape_str(shape) + " " + dtype_name(dtype));
   if (device == Device::CUDA) {
     require_cuda("a CUDA tensor");

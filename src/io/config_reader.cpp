@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/utf8.hpp"
+#include "lstm/checked.hpp"
 #include "lstm/error.hpp"
 
 namespace lstm {
@@ -53,6 +54,11 @@ int open_regular_file(const std::string& path, const std::string& pre, uint64_t&
   if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
   size = static_cast<uint64_t>(st.st_size);
   return fd.release();
+}
+
+uint64_t memory_limited_bytes() {
+  const uint64_t m = physical_memory_bytes();
+  return m > 0 ? m : std::numeric_limits<uint64_t>::max();
 }
 
 std::string read_regular_file(const std::string& path, const std::string& pre, uint64_t max_bytes) {

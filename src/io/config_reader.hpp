@@ -38,7 +38,9 @@ class Fd {
 // Errors start with `pre` (which names the file).
 int open_regular_file(const std::string& path, const std::string& pre, uint64_t& size);
 // The whole file, refused when larger than max_bytes.
+// (memory_limited_bytes(): the machine's physical memory, for data files with no smaller bound.)
 std::string read_regular_file(const std::string& path, const std::string& pre, uint64_t max_bytes);
+uint64_t memory_limited_bytes();
 
 // Parses JSON text. `pre` names the text ("--config job.json"); errors continue it with " is not
 // valid JSON: ...", " nests deeper ..." or " has the key ... twice" and say where (line and column for syntax errors);
