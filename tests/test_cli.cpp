@@ -6,10 +6,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +27,7 @@ extern char** environ;
 
 using namespace lstm;
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 namespace {
@@ -39,6 +43,15 @@ void write_text(const fs::path& p, const std::string& s) {
 }
 
 std::vector<fs::path> fixtures() { return lstm::testing::lstm_fixture_files(); }
+
+std::map<std::string, Tensor> random_state_dict(const LstmSpec& s, Rng& rng) {
+  std::map<std::string, Tensor> model;
+  for (const auto& n : s.param_names()) {
+    model[n] = Tensor::empty(s.param_shape(n), DType::F32);
+    rng.fill_normal(model[n], 0, 0.3);
+  }
+  return model;
+}
 
 }  // namespace
 
@@ -76,12 +89,8 @@ TEST(Cli, ForwardMatchesPyTorchGoldenFiles) {
 TEST(Cli, ForwardBadInputsGiveClearErrors) {
   fs::path d = temp_dir("badfwd");
   LstmSpec s{.input_size = 3, .hidden_size = 4};
-  std::map<std::string, Tensor> model;
   Rng rng(1);
-  for (const auto& n : s.param_names()) {
-    model[n] = Tensor::empty(s.param_shape(n), DType::F32);
-    rng.fill_normal(model[n], 0, 0.3);
-  }
+  std::map<std::string, Tensor> model = random_state_dict(s, rng);
   write_safetensors((d / "m.safetensors").string(), model);
   Tensor x = Tensor::empty({5, 2, 3}, DType::F32);
   rng.fill_normal(x, 0, 1);
@@ -170,7 +179,7 @@ TEST(Cli, KilledTrainingResumesToTheSameParameters) {
   CliRun ev = run_cli("eval --model " + run.string());
   CliRun ev0 = run_cli("eval --batch-size 0 --model " + run.string());
   EXPECT_EQ(ev0.code, 1);
-  EXPECT_THAT(ev0.out, HasSubstr("batch size and sequence length >= 1"));
+  EXPECT_THAT(ev0.out, HasSubstr("--batch-size: expected an integer in [1, 2147483647], got 0"));
   CliRun evl = run_cli("eval --seq-len 100000 --model " + run.string());
   EXPECT_EQ(evl.code, 1);
   EXPECT_THAT(evl.out, HasSubstr("nothing to evaluate"));
@@ -207,5 +216,160 @@ TEST(Cli, ResumeWithoutCheckpointAndBadConfigAreClear) {
   CliRun g = run_cli("train --cuda-graphs always --out " + (d / "o").string());
   EXPECT_EQ(g.code, 1);
   EXPECT_THAT(g.out, HasSubstr("--cuda-graphs: expected auto, on or off, got 'always'"));
+  fs::remove_all(d);
+}
+
+// ---- Hardening: small hostile files and flags end as errors naming what was wrong ----
+
+namespace {
+
+// A tiny character model trained for two steps: a model file for eval/generate/info.
+fs::path tiny_run(const fs::path& d) {
+  std::ofstream(d / "text.txt") << std::string(400, 'a') + "the quick brown fox\n";
+  write_text(d / "tiny.json", R"({"task": "charlm", "data": {"path": ")" + (d / "text.txt").string() +
+                                  R"("}, "model": {"embedding_dim": 3, "layers": [{"type": "lstm", "hidden_size": 4},
+                                  {"type": "dense"}]}, "train": {"steps": 2, "batch_size": 2, "seq_len": 8,
+                                  "sample_length": 0, "checkpoint_every": 1}})");
+  CliRun r = run_cli("train --config " + (d / "tiny.json").string() + " --out " + (d / "run").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  return d / "run";
+}
+
+}  // namespace
+
+TEST(Cli, DeeplyNestedFilesAreErrorsNotCrashes) {
+  fs::path d = temp_dir("deep");
+  const std::string deep = std::string(300'000, '[') + std::string(300'000, ']');
+  std::string h = R"({"weight_ih_l0": {"dtype": "F32", "shape": )" + deep + R"(, "data_offsets": [0, 0]}})";
+  std::string n(8, '\0');
+  for (int i = 0; i < 8; ++i) n[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  write_text(d / "deep.safetensors", n + h);
+  for (const std::string& cmd :
+       {"info --model " + (d / "deep.safetensors").string(),
+        "forward --model " + (d / "deep.safetensors").string() + " --input " + (d / "deep.safetensors").string() +
+            " --output " + (d / "y.safetensors").string()}) {
+    CliRun r = run_cli(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr("deep.safetensors': header nests deeper than 64 levels")) << cmd;
+  }
+  write_text(d / "deep.json", "{\"task\": " + deep + "}");
+  CliRun c = run_cli("train --config " + (d / "deep.json").string() + " --out " + (d / "o").string());
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_THAT(c.out, HasSubstr("--config " + (d / "deep.json").string() + " nests deeper than 64 levels"));
+  fs::remove_all(d);
+}
+
+TEST(Cli, FifoAsModelOrInputIsRefusedNotWaitedOn) {
+  fs::path d = temp_dir("fifo");
+  ASSERT_EQ(::mkfifo((d / "pipe").c_str(), 0600), 0);
+  // The background kill turns a hang into a failure instead of a stuck test.
+  for (const std::string& cmd :
+       {"forward --model " + (d / "pipe").string() + " --input " + (d / "pipe").string() + " --output " +
+            (d / "y.safetensors").string(),
+        "info --model " + (d / "pipe").string(), "train --config " + (d / "pipe").string()}) {
+    CliRun r = run_cli(cmd + " 2>&1 & P=$!; (sleep 20; kill $P) >/dev/null 2>&1 & wait $P");
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr("not a regular file: expected a file, got a FIFO")) << cmd;
+  }
+  fs::remove_all(d);
+}
+
+TEST(Cli, OversizedSizesNameTheFieldTheValueAndTheLimit) {
+  fs::path d = temp_dir("sizes");
+  std::ofstream(d / "text.txt") << std::string(300, 'x') << "\n";
+  auto train_with = [&](const std::string& model, const std::string& train) {
+    write_text(d / "c.json", R"({"task": "charlm", "data": {"path": ")" + (d / "text.txt").string() +
+                                 R"("}, "model": )" + model + R"(, "train": )" + train + "}");
+    return run_cli("train --config " + (d / "c.json").string() + " --out " + (d / "o").string());
+  };
+  const std::string lstm_dense = R"({"layers": [{"type": "lstm", "hidden_size": 4}, {"type": "dense"}]})";
+  struct Case {
+    std::string model, train, expect;
+  };
+  const std::vector<Case> cases = {
+      {R"({"layers": [{"type": "lstm", "hidden_size": 4611686018427387904}, {"type": "dense"}]})", "{}",
+       "'model.layers[0]': layer JSON {\"hidden_size\":4611686018427387904,\"type\":\"lstm\"}: field \"hidden_size\" "
+       "must be an integer in [1, 2147483647], got 4611686018427387904"},
+      {R"({"layers": [{"type": "lstm", "hidden_size": 2305843009213693952}, {"type": "dense"}]})", "{}",
+       "got 2305843009213693952"},
+      {R"({"layers": [{"type": "lstm", "hidden_size": 4}, {"type": "dense", "out_features": 4611686018427387904}]})",
+       "{}", "field \"out_features\" must be an integer in [1, 2147483647]"},
+      {R"({"embedding_dim": 4611686018427387904, "layers": [{"type": "lstm", "hidden_size": 4}, {"type": "dense"}]})",
+       "{}", "'model.embedding_dim' must be an integer in [1, 2147483647], got 4611686018427387904"},
+      {lstm_dense, R"({"batch_size": 4611686018427387904})",
+       "'train.batch_size' must be an integer in [1, 2147483647], got 4611686018427387904"},
+      {lstm_dense, R"({"seq_len": 9223372036854775807})",
+       "'train.seq_len' must be an integer in [1, 2147483647], got 9223372036854775807"},
+      {R"({"layers": [{"type": "lstm", "hidden_size": 4, "num_layers": 1000000}, {"type": "dense"}]})", "{}",
+       "field \"num_layers\" must be an integer in [1, 1024], got 1000000"},
+      {R"({"layers": [{"type": "lstm", "hidden_size": 1000000000}, {"type": "dense"}]})", "{}",
+       "the LSTM's parameters and gradients (hidden_size 1000000000, num_layers 1)"},
+      {lstm_dense, R"({"batch_size": 2147483647, "steps": 1})", "this training job"},
+      {lstm_dense, R"({"threads": "4"})", "'train.threads' must be an integer in [0, 65536], got \"4\""},
+  };
+  for (const Case& c : cases) {
+    CliRun r = train_with(c.model, c.train);
+    EXPECT_EQ(r.code, 1) << c.model << c.train << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.expect)) << c.model << c.train;
+    EXPECT_THAT(r.out, Not(HasSubstr("json.exception")));
+  }
+  fs::path run = tiny_run(d);
+  CliRun e = run_cli("eval --model " + run.string() + " --batch-size 9223372036854775807");
+  EXPECT_EQ(e.code, 1) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("--batch-size: expected an integer in [1, 2147483647], got 9223372036854775807"));
+  fs::remove_all(d);
+}
+
+TEST(Cli, ForwardRefusesIntegerAndNonFiniteWeightsAndReadsLengthsExactly) {
+  fs::path d = temp_dir("fwdtypes");
+  LstmSpec s{.input_size = 3, .hidden_size = 4};
+  Rng rng(1);
+  std::map<std::string, Tensor> model = random_state_dict(s, rng);
+  Tensor x = Tensor::empty({5, 2, 3}, DType::F32);
+  rng.fill_normal(x, 0, 1);
+  const std::string m = (d / "m.safetensors").string(), xi = (d / "x.safetensors").string();
+  auto fwd = [&](const std::map<std::string, Tensor>& mdl, const std::map<std::string, Tensor>& in,
+                 const std::string& extra = "") {
+    write_safetensors(m, mdl);
+    write_safetensors(xi, in);
+    return run_cli("forward --model " + m + " --input " + xi + " --output " + (d / "y.safetensors").string() + " " + extra);
+  };
+  auto int_model = model;
+  int_model["weight_hh_l0"] = Tensor::zeros(s.param_shape("weight_hh_l0"), DType::I64);
+  CliRun wi = fwd(int_model, {{"input", x}});
+  EXPECT_EQ(wi.code, 1);
+  EXPECT_THAT(wi.out, HasSubstr("m.safetensors: 'weight_hh_l0' must be floating point (F64, F32, BF16, F16), got I64"));
+  CliRun hi = fwd(model, {{"input", x}, {"h0", Tensor::zeros({1, 2, 4}, DType::I32)}});
+  EXPECT_EQ(hi.code, 1);
+  EXPECT_THAT(hi.out, HasSubstr("x.safetensors: 'h0' must be floating point (F64, F32, BF16, F16), got I32"));
+  auto nan_model = model;
+  nan_model["bias_ih_l0"] = nan_model["bias_ih_l0"].clone();
+  nan_model["bias_ih_l0"].set(5, std::nan(""));
+  CliRun wn = fwd(nan_model, {{"input", x}});
+  EXPECT_EQ(wn.code, 1);
+  EXPECT_THAT(wn.out, HasSubstr("'bias_ih_l0' holds nan at flat index 5"));
+  EXPECT_THAT(wn.out, HasSubstr("--allow-nonfinite"));
+  EXPECT_EQ(fwd(nan_model, {{"input", x}}, "--allow-nonfinite").code, 0);
+  CliRun big = fwd(model, {{"input", x}, {"lengths", Tensor::from_vector<int64_t>({2}, {9223372036854775807LL, 5})}});
+  EXPECT_EQ(big.code, 1);
+  EXPECT_THAT(big.out, HasSubstr("9223372036854775807"));
+  EXPECT_THAT(big.out, Not(HasSubstr("-9223372036854775808")));
+  fs::remove_all(d);
+}
+
+TEST(Cli, NonFiniteModelIsRefusedUnlessAllowed) {
+  fs::path d = temp_dir("nanmodel");
+  fs::path run = tiny_run(d);
+  const std::string mp = (run / "model.safetensors").string();
+  SafetensorsFile f = read_safetensors(mp);
+  Tensor& w = f.tensors.at("fc.bias");
+  w = w.clone();
+  w.set(0, std::numeric_limits<double>::infinity());
+  write_safetensors(mp, f.tensors, f.metadata);
+  CliRun g = run_cli("generate --model " + mp + " --length 5");
+  EXPECT_EQ(g.code, 1) << g.out;
+  EXPECT_THAT(g.out, HasSubstr(mp + ": parameter 'fc.bias' holds inf at flat index 0"));
+  CliRun i = run_cli("info --model " + mp + " --allow-nonfinite");
+  EXPECT_EQ(i.code, 0) << i.out;
   fs::remove_all(d);
 }

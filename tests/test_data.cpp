@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -481,4 +483,28 @@ TEST(CsvDataset, SplitSizesAndDeterminism) {
   const auto [t1, v1] = single.split(0.5, r);
   EXPECT_EQ(t1, (std::vector<int64_t>{0}));
   EXPECT_TRUE(v1.empty());
+}
+
+// A folder or a FIFO given as a data file is named as such (a folder used to read as "the file is
+// empty"; a FIFO used to block forever).
+TEST(DataFiles, FolderOrFifoIsRefusedByName) {
+  const fs::path d = fs::temp_directory_path() / ("lstm_data_kinds_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "folder.csv");
+  ASSERT_EQ(::mkfifo((d / "pipe.csv").c_str(), 0600), 0);
+  auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string folder = error_of([&] { CsvDataset::load((d / "folder.csv").string(), "label", "sequence"); });
+  EXPECT_NE(folder.find((d / "folder.csv").string() + ": not a regular file: expected a file, got a folder"),
+            std::string::npos)
+      << folder;
+  const std::string fifo = error_of([&] { CsvDataset::load((d / "pipe.csv").string(), "label", "sequence"); });
+  EXPECT_NE(fifo.find("got a FIFO"), std::string::npos) << fifo;
+  fs::remove_all(d);
 }

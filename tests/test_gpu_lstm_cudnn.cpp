@@ -65,7 +65,7 @@ struct Case {
 };
 
 // Small shapes that the persistent algorithms take too (hidden 64, batch up to 8).
-std::vector<Case> all_cases() {
+[[maybe_unused]] std::vector<Case> all_cases() {
   std::vector<Case> c;
   c.push_back({"uni_l1", make_spec(32, 64, 1, false), 9, 4, {}, false});
   c.push_back({"bi_l2_h0_varlen", make_spec(32, 64, 2, true), 9, 5, {9, 3, 1, 7, 9}, true});
@@ -107,7 +107,7 @@ void poison_rows(Tensor& t, const LstmSpec& s, const std::vector<int64_t>& len, 
       for (int64_t j = 0; j < W; ++j) t.set(row * W + j, kNaN);
 }
 
-Problem make_problem(const Case& c, uint64_t seed) {
+[[maybe_unused]] Problem make_problem(const Case& c, uint64_t seed) {
   Rng rng(seed);
   Problem p;
   p.spec = c.spec;
@@ -159,7 +159,7 @@ struct Result {
 
 Tensor f64(const Tensor& t) { return t.defined() ? t.cpu().to(DType::F64) : Tensor(); }
 
-Result run_reference(const Problem& p) {
+[[maybe_unused]] Result run_reference(const Problem& p) {
   auto be = lstm::testing::reference_backend(p.spec);
   Rng rng(3);
   std::unique_ptr<LstmSaved> saved;
@@ -189,7 +189,7 @@ void poison_arena(const std::vector<Shape>& shapes, DType dt) {
 
 // Forward (training, saved) + backward on the GPU. flat: weights and d_weights as views into the
 // backend's flat layout (used in place); otherwise separate tensors (copied in, added out).
-Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
+[[maybe_unused]] Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
   const LstmSpec& s = p.spec;
   std::vector<Tensor> w, dw;
   const auto layout = flat ? be.flat_layout(dt) : LstmBackend::FlatLayout{};
@@ -236,7 +236,7 @@ Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
 }
 
 // An inference forward of p (weights, x, lengths, h0/c0) through `be`, in dtype dt on the GPU.
-LstmOutput infer_gpu(LstmBackend& be, const Problem& p, DType dt) {
+[[maybe_unused]] LstmOutput infer_gpu(LstmBackend& be, const Problem& p, DType dt) {
   std::vector<Tensor> w;
   for (const auto& t : p.w) w.push_back(on_gpu(t, dt));
   const LstmInput in{on_gpu(p.in.x, dt), p.in.lengths, on_gpu(p.in.h0, dt), on_gpu(p.in.c0, dt)};
@@ -263,7 +263,7 @@ void expect_zero_past_lengths(const Tensor& t, const LstmSpec& s, const std::vec
   }
 }
 
-void compare(const Result& gpu, const Result& ref, const Problem& p, double tol) {
+[[maybe_unused]] void compare(const Result& gpu, const Result& ref, const Problem& p, double tol) {
   const LstmSpec& s = p.spec;
   const int64_t B = s.batch_first ? p.in.x.size(0) : p.in.x.size(1);
   const int64_t T = s.batch_first ? p.in.x.size(1) : p.in.x.size(0);
@@ -295,12 +295,12 @@ std::unique_ptr<LstmBackend> cudnn(const std::string& algo, const Prec& pr, cons
 #endif
 
 // The cuDNN algorithm the backend's last call ran (last_run() is "cudnn:<algo>, <how>").
-std::string ran_algo(const LstmBackend& be) {
+[[maybe_unused]] std::string ran_algo(const LstmBackend& be) {
   const std::string r = be.last_run();
   const size_t colon = r.find(':'), comma = r.find(", ");
   return colon == std::string::npos ? "" : r.substr(colon + 1, comma == std::string::npos ? std::string::npos : comma - colon - 1);
 }
-size_t count_of(const std::string& s, const std::string& what) {
+[[maybe_unused]] size_t count_of(const std::string& s, const std::string& what) {
   size_t n = 0;
   for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
   return n;

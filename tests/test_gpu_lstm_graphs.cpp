@@ -40,7 +40,7 @@ struct GraphCase {
   CudnnAlgo algo;  // cuDNN's algorithm
 };
 
-std::vector<GraphCase> graph_cases() {
+[[maybe_unused]] std::vector<GraphCase> graph_cases() {
   return {
       {"uni_l1_standard", make_spec(32, 64, 1, false), 12, 4, {}, false, CudnnAlgo::Standard},
       {"bi_l2_h0_standard", make_spec(24, 48, 2, true), 9, 5, {}, true, CudnnAlgo::Standard},
@@ -61,7 +61,7 @@ void refill(Tensor& t, Rng& rng, double a = 1.0) {
 
 // Fresh values in place in a [T, B, W] ([B, T, W] with batch_first) tensor such as x or d_output:
 // U(-1, 1) within each length, NaN past it.
-void refill_x(Tensor& x, Rng& rng, const std::vector<int64_t>& len, const LstmSpec& s, int64_t T, int64_t B) {
+[[maybe_unused]] void refill_x(Tensor& x, Rng& rng, const std::vector<int64_t>& len, const LstmSpec& s, int64_t T, int64_t B) {
   Tensor h = Tensor::empty(x.shape(), DType::F64);
   rng.fill_uniform(h, -1, 1);
   const int64_t W = x.size(2);
@@ -76,14 +76,14 @@ void refill_x(Tensor& x, Rng& rng, const std::vector<int64_t>& len, const LstmSp
 
 // Weights as views into the backend's flat buffer (how the engine and the bench hold them),
 // U(-k, k) from `rng`.
-std::vector<Tensor> flat_weights(LstmBackend& be, const LstmSpec& s, DType dt, Rng& rng) {
+[[maybe_unused]] std::vector<Tensor> flat_weights(LstmBackend& be, const LstmSpec& s, DType dt, Rng& rng) {
   std::vector<Tensor> w = make_flat_weights(s, be.flat_layout(dt), dt, Device::CUDA);
   for (auto& t : w) refill(t, rng, 1.0 / std::sqrt(static_cast<double>(s.hidden_size)));
   return w;
 }
 
 // Cached arena blocks of these shapes filled with NaN, so the outputs allocated next get them.
-void poison_arena(const std::vector<Shape>& shapes, DType dt) {
+[[maybe_unused]] void poison_arena(const std::vector<Shape>& shapes, DType dt) {
   std::vector<Tensor> keep;
   for (const auto& s : shapes) {
     Tensor t = Tensor::empty(s, dt, Device::CUDA);
@@ -93,19 +93,19 @@ void poison_arena(const std::vector<Shape>& shapes, DType dt) {
   cuda_synchronize();
 }
 
-std::vector<Shape> out_shapes(const LstmSpec& s, int64_t T, int64_t B) {
+[[maybe_unused]] std::vector<Shape> out_shapes(const LstmSpec& s, int64_t T, int64_t B) {
   const int64_t LD = s.num_layers * s.directions();
   return {s.batch_first ? Shape{B, T, s.directions() * s.out_size()} : Shape{T, B, s.directions() * s.out_size()},
           {LD, B, s.out_size()},
           {LD, B, s.hidden_size}};
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
+[[maybe_unused]] bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor ha = a.cpu(), hb = b.cpu();
   return ha.dtype() == hb.dtype() && ha.shape() == hb.shape() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
-Tensor f64(const Tensor& t) { return t.defined() ? t.cpu().to(DType::F64) : Tensor(); }
+[[maybe_unused]] Tensor f64(const Tensor& t) { return t.defined() ? t.cpu().to(DType::F64) : Tensor(); }
 
 #if LSTM_HAVE_CUDA
 std::unique_ptr<LstmBackend> cudnn(CudnnAlgo algo, GraphMode graphs, const LstmSpec& s, DType dt) {

@@ -1,10 +1,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -443,4 +446,72 @@ TEST_F(SafetensorsTest, AtomicWriteReplacesAndConcurrentWritersDoNotCollide) {
   write_file_atomic("bare.txt", "here");
   fs::current_path(cwd);
   EXPECT_EQ(read_bytes(path("bare.txt")), "here");
+}
+
+// Hardening: inputs that crashed, hung or were wrongly accepted.
+
+TEST_F(SafetensorsTest, RejectsDeepNestingBeforeAnythingRecurses) {
+  const std::string p = path("deep.safetensors");
+  // A few hundred KB of '[' used to overflow the stack while the error message was formatted.
+  for (const char* field : {"shape", "data_offsets"}) {
+    std::string deep = std::string(300'000, '[') + std::string(300'000, ']');
+    std::string h = std::string(R"({"x": {"dtype": "F32", ")") + field + "\": " + deep;
+    h += std::string(field) == "shape" ? R"(, "data_offsets": [0, 0]}})" : R"(, "shape": [0]}})";
+    write_bytes(p, st_file(h, ""));
+    expect_read_error(p, "header nests deeper than 64 levels");
+  }
+  // 64 levels are fine as JSON (and then refused as a shape).
+  std::string ok = std::string(62, '[') + std::string(62, ']');
+  write_bytes(p, st_file(R"({"x": {"dtype": "F32", "shape": )" + ok + R"(, "data_offsets": [0, 0]}})", ""));
+  expect_read_error(p, "\"shape\" must be an array of integers");
+}
+
+TEST_F(SafetensorsTest, RefusesFifoWithoutBlocking) {
+  const std::string p = path("fifo.safetensors");
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  // Without a writer, open() of a FIFO blocks forever unless the reader refuses it first.
+  std::atomic<bool> done{false};
+  std::thread guard([&] {
+    for (int i = 0; i < 200 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!done) {  // unblock the reader so that the test fails instead of hanging
+      int fd = ::open(p.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  });
+  expect_read_error(p, "not a regular file: expected a file, got a FIFO");
+  done = true;
+  guard.join();
+}
+
+TEST_F(SafetensorsTest, ZeroDimensionDoesNotHideAnOverflowingShape) {
+  const std::string p = path("zero.safetensors");
+  write_bytes(p, st_file(R"({"x": {"dtype": "F32", "shape": [4611686018427387904, 4, 0], "data_offsets": [0, 0]}})", ""));
+  expect_read_error(p, "shape [4611686018427387904, 4, 0] has too many elements");
+  // An ordinary empty tensor is still fine.
+  write_bytes(p, st_file(R"({"x": {"dtype": "F32", "shape": [3, 0], "data_offsets": [0, 0]}})", ""));
+  EXPECT_EQ(read_safetensors(p).tensors.at("x").shape(), (Shape{3, 0}));
+  EXPECT_THAT(error_of([] { (void)shape_numel({int64_t{1} << 62, 4, 0}); }), HasSubstr("too many elements"));
+}
+
+TEST_F(SafetensorsTest, AcceptsOnlyWhatTheReferenceAccepts) {
+  const std::string p = path("strict.safetensors");
+  const std::string f32x2 = le<float>({1.f, 2.f});
+  const std::string good = R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  auto with_header = [&](const std::string& h) { write_bytes(p, u64_le(h.size()) + h + f32x2); };
+  // Valid JSON, then a NUL and junk: nlohmann stops at the NUL, the reference does not.
+  with_header(good + std::string("\0junk", 5));
+  expect_read_error(p, "header is not valid JSON: a NUL byte at offset");
+  with_header(good + "junk");
+  expect_read_error(p, "header is not valid JSON");
+  // Trailing whitespace is accepted (serde_json skips it); leading whitespace is not.
+  with_header(good + "  \n\t ");
+  EXPECT_EQ(read_safetensors(p).tensors.at("x").numel(), 2);
+  with_header(" " + good);
+  expect_read_error(p, "header must start with '{'");
+  with_header("\xEF\xBB\xBF" + good);
+  expect_read_error(p, "header must start with '{'");
+  // A name given twice is refused, not "last one wins".
+  with_header(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, )"
+              R"("x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})");
+  expect_read_error(p, "header has the key \"x\" twice");
 }

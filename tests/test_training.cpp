@@ -3,7 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
 
 #include <filesystem>
 #include <fstream>
@@ -15,6 +19,8 @@
 #include "test_util.hpp"
 
 using namespace lstm;
+using ::testing::AllOf;
+using ::testing::Not;
 using lstm::testing::write_majority_csv;
 namespace fs = std::filesystem;
 
@@ -32,6 +38,15 @@ lstm::TrainOptions opts(const nlohmann::json& cfg, const std::string& out, bool 
 
 
 fs::path temp_dir(const std::string& name) { return lstm::testing::temp_dir("lstm_train", name); }
+
+std::string config_error(const nlohmann::json& j) {
+  try {
+    resolve_train_config(j);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 }  // namespace
 
@@ -153,15 +168,133 @@ TEST(Training, NonFiniteLossStopsAndKeepsLastGoodCheckpoint) {
 }
 
 TEST(Training, ConfigErrorsNameTheField) {
-  auto err = [](const nlohmann::json& j) {
-    try {
-      resolve_train_config(j);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  auto err = config_error;
   EXPECT_THAT(err({{"train", {{"stepz", 3}}}}), ::testing::HasSubstr("train.stepz"));
   EXPECT_THAT(err({{"train", {{"batch_size", -1}}}}), ::testing::HasSubstr("train.batch_size"));
   EXPECT_THAT(err({{"train", {{"optimizer", {{"type", "rmsprop"}}}}}}), ::testing::HasSubstr("rmsprop"));
+}
+
+// ---- Hardening: what a resume accepts, limits on sizes, leftovers of killed runs ----
+
+namespace {
+
+nlohmann::json tiny_config(const fs::path& d) {
+  {
+    std::ofstream f(d / "text.txt");
+    for (int i = 0; i < 50; ++i) f << "the quick brown fox " << i << "\n";
+  }
+  return {{"task", "charlm"},
+          {"data", {{"path", (d / "text.txt").string()}}},
+          {"model", {{"embedding_dim", 3}, {"layers", {{{"type", "lstm"}, {"hidden_size", 4}}, {{"type", "dense"}}}}}},
+          {"train",
+           {{"steps", 4}, {"batch_size", 2}, {"seq_len", 8}, {"checkpoint_every", 2}, {"eval_every", 0},
+            {"sample_length", 0}}}};
+}
+
+std::string train_error(const lstm::TrainOptions& o) {
+  try {
+    train(o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Training, ResumeRefusesIncompleteStateAndForeignCheckpoints) {
+  set_num_threads(1);
+  fs::path d = temp_dir("strict_resume");
+  std::ostringstream log;
+  const fs::path run = d / "run", ck = run / "checkpoints";
+  train(opts(tiny_config(d), run.string(), false, 2, &log));
+  const std::string tf = (ck / "step-00000002" / "trainer.safetensors").string();
+  const SafetensorsFile good = read_safetensors(tf);
+  auto resume_error = [&] { return train_error(opts({}, run.string(), true, 4, &log)); };
+
+  // Optimizer state missing for one parameter: Adam's moments would silently restart.
+  SafetensorsFile partial = good;
+  std::string dropped;
+  for (auto& [k, v] : partial.tensors)
+    if (k.rfind("optimizer.exp_avg_sq.", 0) == 0) dropped = k;
+  ASSERT_FALSE(dropped.empty());
+  partial.tensors.erase(dropped);
+  write_safetensors(tf, partial.tensors, partial.metadata);
+  EXPECT_THAT(resume_error(), AllOf(::testing::HasSubstr(tf), ::testing::HasSubstr("optimizer state is incomplete"),
+                                    ::testing::HasSubstr("missing '" + dropped + "'")));
+  // No optimizer state at all.
+  SafetensorsFile none = good;
+  std::erase_if(none.tensors, [](const auto& kv) { return kv.first.rfind("optimizer.", 0) == 0; });
+  write_safetensors(tf, none.tensors, none.metadata);
+  EXPECT_THAT(resume_error(), ::testing::HasSubstr("optimizer state is incomplete"));
+  // A step that is not a number.
+  SafetensorsFile bad_step = good;
+  bad_step.metadata["step"] = "two";
+  write_safetensors(tf, bad_step.tensors, bad_step.metadata);
+  EXPECT_THAT(resume_error(), ::testing::HasSubstr(tf + ": metadata \"step\" must be a non-negative integer, got \"two\""));
+  write_safetensors(tf, good.tensors, good.metadata);
+
+  // `latest` naming another run's checkpoint, or binary junk.
+  fs::path other = d / "other";
+  train(opts(tiny_config(d), other.string(), false, 2, &log));
+  std::ofstream(ck / "latest") << "../../other/checkpoints/step-00000002\n";
+  EXPECT_THAT(resume_error(), ::testing::HasSubstr("expected the name of a checkpoint folder of this run (step-N, N "
+                                                   "digits), got \"../../other/checkpoints/step-00000002\""));
+  std::ofstream(ck / "latest") << std::string("\x01\xff\0zz", 5);
+  EXPECT_THAT(resume_error(), ::testing::HasSubstr("got \"\\x01\\xff\\x00zz\""));
+  std::ofstream(ck / "latest") << "step-00000002\n";
+
+  // Leftovers of a killed run go with the next checkpoint, the pointer's temporaries included.
+  std::ofstream(ck / "latest.tmp.999999.0") << "step-0000";
+  fs::create_directories(ck / ".tmp-step-00000004-999999");
+  TrainResult r = train(opts({}, run.string(), true, 4, &log));
+  EXPECT_EQ(r.step, 4);
+  for (auto& e : fs::directory_iterator(ck))
+    EXPECT_EQ(e.path().filename().string().find("tmp"), std::string::npos) << e.path();
+  fs::remove_all(d);
+}
+
+TEST(Training, FailedCheckpointLeavesNoTemporaryFolder) {
+  set_num_threads(1);
+  fs::path d = temp_dir("ckpt_fail");
+  std::ostringstream log;
+  const fs::path run = d / "run", ck = run / "checkpoints";
+  train(opts(tiny_config(d), run.string(), false, 2, &log));
+  // Writes past 2 KiB fail (as a full disk would, with another errno): the checkpoint at step 4.
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto prev = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 2048;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string err = train_error(opts({}, run.string(), true, 4, &log));
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, prev);
+  EXPECT_THAT(err, ::testing::HasSubstr("checkpoint " + (ck / "step-00000004").string() + " could not be written"));
+  for (auto& e : fs::directory_iterator(ck))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  std::ifstream latest(ck / "latest");
+  std::string pointer;
+  std::getline(latest, pointer);
+  EXPECT_EQ(pointer, "step-00000002");
+  fs::remove_all(d);
+}
+
+TEST(Training, SizesAndTypesAreBoundedAndNamed) {
+  auto err = config_error;
+  auto layers = [](const nlohmann::json& lstm_layer) {
+    return nlohmann::json{{"model", {{"layers", {lstm_layer, {{"type", "dense"}}}}}}};
+  };
+  EXPECT_THAT(err(layers({{"type", "lstm"}, {"hidden_size", int64_t{1} << 62}})),
+              ::testing::HasSubstr("field \"hidden_size\" must be an integer in [1, 2147483647], got 4611686018427387904"));
+  EXPECT_THAT(err(layers({{"type", "lstm"}, {"hidden_size", 4}, {"num_layers", 1000000}})),
+              ::testing::HasSubstr("field \"num_layers\" must be an integer in [1, 1024], got 1000000"));
+  EXPECT_THAT(err({{"train", {{"seq_len", INT64_MAX}}}}),
+              ::testing::HasSubstr("'train.seq_len' must be an integer in [1, 2147483647], got 9223372036854775807"));
+  EXPECT_THAT(err({{"train", {{"steps", "10"}}}}), ::testing::HasSubstr("'train.steps' must be an integer"));
+  EXPECT_THAT(err({{"data", {{"path", "bad\xff"}}}}), ::testing::HasSubstr("'data.path' must be valid UTF-8"));
+  EXPECT_THAT(err({{"train", {{"optimizer", {{"type", "adam"}, {"beta1", "x"}}}}}}),
+              ::testing::HasSubstr("field \"beta1\" must be a number"));
+  for (const std::string& e : {err({{"train", {{"threads", "4"}}}}), err({{"task", 3}})})
+    EXPECT_THAT(e, Not(::testing::HasSubstr("json.exception")));
 }

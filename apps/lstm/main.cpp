@@ -3,9 +3,10 @@
 #include <malloc.h>
 
 #include <cstdio>
-#include <fstream>
+#include <new>
 #include <iostream>
 
+#include "lstm/checked.hpp"
 #include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
 #include "lstm/model.hpp"
@@ -53,9 +54,23 @@ Placement make_placement(const std::string& device, const std::string& precision
   return p;
 }
 
+// A floating tensor of the forward's model or input file, finite unless allowed otherwise.
+const Tensor& floating_tensor(const Tensor& t, const std::string& file, const std::string& name, bool allow_nonfinite) {
+  LSTM_REQUIRE(is_floating(t.dtype()), file << ": '" << name << "' must be floating point (F64, F32, BF16, F16), got "
+                                            << dtype_name(t.dtype()) << " " << t.shape_str());
+  if (!allow_nonfinite) {
+    try {
+      require_finite(t, file + ": '" + name + "'");
+    } catch (const Error& e) {
+      LSTM_THROW(e.what() << "; pass --allow-nonfinite to run it anyway");
+    }
+  }
+  return t;
+}
+
 int cmd_forward(const std::string& model_path, const std::string& input_path, const std::string& output_path,
                 const std::string& dtype_arg, const std::string& device_arg, const std::string& algo_arg,
-                const std::string& cudnn_algo) {
+                const std::string& cudnn_algo, bool allow_nonfinite) {
   const Device device = device_from_name(device_arg);
   if (device == Device::CUDA) require_cuda("--device cuda");
   SafetensorsFile m = read_safetensors(model_path);
@@ -64,6 +79,10 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
   LstmSpec spec;
   try {
     spec = LstmSpec::infer(shapes);
+    // Sizes read from shapes may come from empty tensors, so they are bounded as a config's are.
+    checked_size(spec.hidden_size, 1, kMaxDim, "hidden size");
+    checked_size(spec.input_size, 0, kMaxDim, "input size");
+    checked_size(spec.num_layers, 1, kMaxLayers, "number of layers");
   } catch (const Error& e) {
     LSTM_THROW(model_path << ": " << e.what());
   }
@@ -110,7 +129,8 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
   std::vector<Tensor> weights = make_flat_weights(spec, be->flat_layout(compute), compute, device);
   {
     const auto names = spec.param_names();
-    for (size_t i = 0; i < names.size(); ++i) weights[i].copy_(prep(m.tensors.at(names[i])));
+    for (size_t i = 0; i < names.size(); ++i)
+      weights[i].copy_(prep(floating_tensor(m.tensors.at(names[i]), model_path, names[i], allow_nonfinite)));
   }
   LstmInput in;
   in.x = prep(input);
@@ -121,10 +141,16 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
     const int64_t B = input.dim() == 3 ? input.size(1) : -1;
     LSTM_REQUIRE(l->second.numel() == B,
                  input_path << ": 'lengths' must have one entry per sequence (" << B << "), got " << l->second.numel());
-    for (int64_t i = 0; i < l->second.numel(); ++i) in.lengths.push_back(static_cast<int64_t>(l->second.get(i)));
+    // Read as integers: through a double, 2^63-1 would come back as -2^63.
+    const Tensor& lt = l->second;
+    for (int64_t i = 0; i < lt.numel(); ++i)
+      in.lengths.push_back(lt.dtype() == DType::I64 ? lt.data<int64_t>()[i] : lt.data<int32_t>()[i]);
   }
-  if (auto h = x.tensors.find("h0"); h != x.tensors.end()) in.h0 = prep(h->second);
-  if (auto c = x.tensors.find("c0"); c != x.tensors.end()) in.c0 = prep(c->second);
+  // Values of input past a sequence's length may be anything, NaN included, so only h0/c0 are checked.
+  if (auto h = x.tensors.find("h0"); h != x.tensors.end())
+    in.h0 = prep(floating_tensor(h->second, input_path, "h0", allow_nonfinite));
+  if (auto c = x.tensors.find("c0"); c != x.tensors.end())
+    in.c0 = prep(floating_tensor(c->second, input_path, "c0", allow_nonfinite));
   for (auto& [k, v] : x.tensors)
     LSTM_REQUIRE(k == "input" || k == "lengths" || k == "h0" || k == "c0",
                  input_path << ": unexpected tensor '" << k << "' (expected input, lengths, h0, c0)");
@@ -143,7 +169,7 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
   return 0;
 }
 
-int cmd_info(const std::string& model_path) {
+int cmd_info(const std::string& model_path, bool allow_nonfinite) {
   std::cout << "lstm-engine 0.1.0\n";
   std::cout << "devices:\n  cpu: " << num_threads() << " threads; " << cpu_backend_description() << "\n";
   if (cuda_available()) {
@@ -162,7 +188,7 @@ int cmd_info(const std::string& model_path) {
   if (!model_path.empty()) {
     std::string p = resolve_model_path(model_path);
     std::map<std::string, std::string> meta;
-    Model m = load_model(p, &meta);
+    Model m = load_model(p, &meta, DType::F32, allow_nonfinite);
     std::cout << "model " << p << ":\n" << m.summary() << "\n";
     // What Algo::Auto measured for the model's LSTM stacks (on this machine's GPUs).
     std::map<std::string, Shape> shapes;
@@ -196,7 +222,8 @@ int main(int argc, char** argv) {
                                       cudnn_algo = "heuristic", cuda_graphs = "auto";
   int64_t steps = -1;
   int threads = 0;
-  bool resume = false;
+  bool resume = false, allow_nonfinite = false;
+  const char* kAllowNonfinite = "load a model with NaN/Inf parameters anyway (to inspect it)";
   train->add_option("--config", config_path, "JSON training configuration (see include/lstm/train.hpp)");
   train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify)");
   train->add_option("--out", out_dir, "run folder for checkpoints and the final model")->capture_default_str();
@@ -225,6 +252,7 @@ int main(int argc, char** argv) {
   eval->add_option("--batch-size", eval_batch)->capture_default_str();
   eval->add_option("--seq-len", eval_len, "window length for language models")->capture_default_str();
   add_placement(eval);
+  eval->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
 
   auto* gen = app.add_subcommand("generate", "sample text from a character language model");
   std::string prime;
@@ -237,9 +265,11 @@ int main(int argc, char** argv) {
   gen->add_option("--temperature", temperature, "softmax temperature (> 0)")->capture_default_str();
   gen->add_option("--seed", seed)->capture_default_str();
   add_placement(gen);
+  gen->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
 
   auto* info = app.add_subcommand("info", "versions, devices, algorithms; with --model a model summary");
   info->add_option("--model", model_arg, "model.safetensors or a run folder");
+  info->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
 
   auto* fwd = app.add_subcommand("forward", "run an nn.LSTM state_dict on inputs from a safetensors file");
   std::string in_path, out_path, dtype_arg, algo_arg = "auto", fwd_cudnn_algo = "auto";
@@ -256,24 +286,20 @@ int main(int argc, char** argv) {
                   "standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic (auto: the "
                   "fastest that accepts the shape, timed once; heuristic: PyTorch's rule)")
       ->capture_default_str();
+  fwd->add_flag("--allow-nonfinite", allow_nonfinite, "accept NaN/Inf weights, h0 or c0");
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) {
       nlohmann::json cfg = default_job();
-      if (!config_path.empty()) {
-        std::ifstream f(config_path);
-        LSTM_REQUIRE(f, "--config: cannot open " << config_path);
-        try {
-          cfg = nlohmann::json::parse(f);
-        } catch (const std::exception& e) {
-          LSTM_THROW("--config " << config_path << ": not valid JSON: " << e.what());
-        }
-      }
+      // Read through the library: a deeply nested file would crash copies of it here.
+      if (!config_path.empty()) cfg = read_train_config_file(config_path);
       LSTM_REQUIRE(!resume || (config_path.empty() && data_path.empty()),
                    "--resume continues with the configuration saved in the checkpoint; do not give --config or --data "
                    "with it");
       if (!data_path.empty()) cfg["data"]["path"] = data_path;
+      if (steps >= 0) checked_size(steps, 0, int64_t{1} << 53, "--steps");
+      checked_size(threads, 0, 65536, "--threads");
       TrainOptions o;
       o.threads = threads;
       o.config = cfg;
@@ -290,21 +316,28 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval) {
+      checked_size(eval_batch, 1, kMaxDim, "--batch-size");
+      checked_size(eval_len, 1, kMaxDim, "--seq-len");
       EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len,
-                                    make_placement(device, precision, algo, cudnn_algo, cuda_graphs));
+                                    make_placement(device, precision, algo, cudnn_algo, cuda_graphs), allow_nonfinite);
       std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
       return 0;
     }
     if (*gen) {
-      std::string text =
-          generate_text(model_arg, prime, gen_len, temperature, seed, make_placement(device, precision, algo, cudnn_algo, cuda_graphs));
+      checked_size(gen_len, 0, kMaxDim, "--length");
+      std::string text = generate_text(model_arg, prime, gen_len, temperature, seed,
+                                       make_placement(device, precision, algo, cudnn_algo, cuda_graphs), allow_nonfinite);
       std::cout << prime << text << "\n";
       return 0;
     }
-    if (*info) return cmd_info(model_arg);
-    if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg, fwd_cudnn_algo);
+    if (*info) return cmd_info(model_arg, allow_nonfinite);
+    if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg, fwd_cudnn_algo, allow_nonfinite);
   } catch (const lstm::Error& e) {
     std::cerr << "lstm: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "lstm: error: out of memory (a size that passed every check still did not fit; lower the batch "
+                 "or model size)\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "lstm: error: " << e.what() << "\n";

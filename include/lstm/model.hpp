@@ -88,8 +88,9 @@ class Model {
 void save_model(const std::string& path, const Model& model,
                 const std::map<std::string, std::string>& extra_metadata = {});
 // Loads a model saved by save_model. Throws naming the file if its metadata lacks the model
-// description or its tensors do not fit the architecture.
+// description or its tensors do not fit the architecture, and (unless allow_nonfinite, meant
+// for inspecting a broken file) if a parameter holds NaN or Inf, naming the tensor and index.
 Model load_model(const std::string& path, std::map<std::string, std::string>* metadata = nullptr,
-                 DType dtype = DType::F32);
+                 DType dtype = DType::F32, bool allow_nonfinite = false);
 
 }  // namespace lstm

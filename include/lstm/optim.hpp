@@ -33,6 +33,10 @@ class Optimizer {
   // device on the next step. On the GPU parameters must be F32.
   virtual std::map<std::string, Tensor> state() const = 0;
   virtual void load_state(const std::map<std::string, Tensor>& state) = 0;
+  // The keys of state() a param has once it has stepped (e.g. "exp_avg.<param>"; none for SGD
+  // without momentum): a resume checks them for every param, since load_state alone cannot
+  // tell a param that has not stepped yet from state that was lost.
+  virtual std::vector<std::string> state_keys(const std::string& param) const = 0;
   virtual nlohmann::json to_json() const = 0;
 };
 

@@ -35,6 +35,7 @@ const char* dtype_name(DType dt);
 DType dtype_from_name(const std::string& name);
 bool is_floating(DType dt);
 std::string shape_str(const Shape& s);
+// Element count; throws naming the shape when a dimension is negative or the count overflows.
 int64_t shape_numel(const Shape& s);
 
 // Maps a C++ element type to its DType (double, float, int64_t, int32_t, uint8_t).
@@ -50,6 +51,11 @@ uint16_t f32_to_bf16(float f);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
+
+class Tensor;
+// Throws "<what> holds <nan|inf|-inf> at flat index <i>" for the first non-finite element of a
+// floating tensor (copied to the host when on the GPU); integer tensors pass.
+void require_finite(const Tensor& t, const std::string& what);
 
 class Tensor {
  public:

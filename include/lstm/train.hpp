@@ -71,13 +71,22 @@ struct EvalResult {
   int64_t count = 0;
 };
 // Loads a model (a model.safetensors or a run folder) and evaluates it on the validation split of
-// `data_path` (default: the training data recorded in the model file).
+// `data_path` (default: the training data recorded in the model file). batch_size and seq_len are
+// in [1, kMaxDim]; a model with NaN/Inf parameters is refused unless allow_nonfinite.
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path = "",
-                          int64_t batch_size = 32, int64_t seq_len = 64, const Placement& placement = {});
+                          int64_t batch_size = 32, int64_t seq_len = 64, const Placement& placement = {},
+                          bool allow_nonfinite = false);
 
-// Samples `length` characters from a character language model after reading `prime`.
+// Samples `length` (in [0, kMaxDim]) characters from a character language model after reading
+// `prime`; a model with NaN/Inf parameters is refused unless allow_nonfinite.
 std::string generate_text(const std::string& model_path, const std::string& prime, int64_t length,
-                          double temperature, uint64_t seed, const Placement& placement = {});
+                          double temperature, uint64_t seed, const Placement& placement = {},
+                          bool allow_nonfinite = false);
+
+// Reads a training configuration file (a regular file of at most 16 MiB, JSON nested at most
+// kMaxJsonDepth deep) and checks it as resolve_train_config does; errors name the file. Returns
+// the configuration as written (train() resolves it).
+nlohmann::json read_train_config_file(const std::string& path);
 
 // Resolves a model argument: a file as is; a run folder -> its latest checkpoint's model file.
 std::string resolve_model_path(const std::string& path);

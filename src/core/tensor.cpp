@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 
+#include "lstm/checked.hpp"
 #include "lstm/device.hpp"
 #if LSTM_HAVE_CUDA
 #include "core/cuda_rt.hpp"
@@ -72,12 +73,33 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // In order and without a shortcut for a zero dimension, as the safetensors reference counts:
+  // [2^62, 4, 0] is refused rather than being an empty tensor whose other sizes overflow later.
   int64_t n = 1;
   for (int64_t d : s) {
-    LSTM_REQUIRE(d >= 0, "negative dimension in shape " << shape_str(s));
-    n *= d;
+    LSTM_REQUIRE(d >= 0, "negative dimension " << d << " in shape " << shape_str(s));
+    LSTM_REQUIRE(!__builtin_mul_overflow(n, d, &n),
+                 "shape " << shape_str(s) << " has too many elements (the count overflows 64-bit integers)");
   }
   return n;
+}
+
+void require_finite(const Tensor& t, const std::string& what) {
+  if (!t.defined() || !is_floating(t.dtype())) return;
+  const Tensor h = t.cpu();
+  auto first_bad = [&]<class T>(const T* p) -> int64_t {
+    for (int64_t i = 0; i < h.numel(); ++i)
+      if (!std::isfinite(p[i])) return i;
+    return -1;
+  };
+  int64_t i = -1;
+  if (h.dtype() == DType::F32) i = first_bad(h.data<float>());
+  else if (h.dtype() == DType::F64) i = first_bad(h.data<double>());
+  else
+    for (int64_t k = 0; k < h.numel() && i < 0; ++k)
+      if (!std::isfinite(h.get(k))) i = k;
+  LSTM_REQUIRE(i < 0, what << " holds " << h.get(i) << " at flat index " << i << " (shape " << h.shape_str()
+                           << "); expected finite values");
 }
 
 uint16_t f32_to_bf16(float f) {
@@ -153,6 +175,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.numel_ = shape_numel(shape);
   t.dtype_ = dtype;
   t.device_ = device;
+  // A size from a file or a config ends here as an error naming the tensor, not as std::bad_alloc.
+  // (Messages are built only on failure: this runs for every tensor.)
+  int64_t want = 0;
+  LSTM_REQUIRE(!__builtin_mul_overflow(t.numel_, static_cast<int64_t>(dtype_size(dtype)), &want),
+               "a tensor " << lstm::shape_str(shape) << " " << dtype_name(dtype)
+                           << " has more bytes than 64-bit integers count");
+  // Host memory only: the device arena reports its own limit.
+  if (device == Device::CPU && static_cast<uint64_t>(want) > physical_memory_bytes() && physical_memory_bytes() > 0)
+    require_memory(static_cast<uint64_t>(want), "a tensor " + lstm::shape_str(shape) + " " + dtype_name(dtype));
   if (device == Device::CUDA) {
     require_cuda("a CUDA tensor");
 #if LSTM_HAVE_CUDA

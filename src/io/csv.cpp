@@ -1,13 +1,13 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
 
+#include "io/config_reader.hpp"
 #include "lstm/data.hpp"
 #include "lstm/error.hpp"
 
@@ -143,12 +143,8 @@ std::string join(const std::vector<std::string>& names) {
 
 CsvDataset CsvDataset::load(const std::string& path, const std::string& label_column,
                             const std::string& sequence_column) {
-  std::ifstream in(path, std::ios::binary);
-  LSTM_REQUIRE(in, "CsvDataset::load: cannot open " << path);
-  std::ostringstream os;
-  os << in.rdbuf();
-  LSTM_REQUIRE(!in.bad(), "CsvDataset::load: error reading " << path);
-  const std::string text = os.str();
+  // A folder or FIFO is refused by name (a folder used to read as "the file is empty").
+  const std::string text = read_regular_file(path, "CSV file " + path + ": ", memory_limited_bytes());
 
   const std::vector<Record> rows = parse_csv(text, path);
   LSTM_REQUIRE(!rows.empty(), path << ": the file is empty, expected a header row naming the columns '"

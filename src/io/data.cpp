@@ -1,11 +1,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <system_error>
 
+#include "io/config_reader.hpp"
 #include "io/utf8.hpp"
 #include "lstm/data.hpp"
 #include "lstm/error.hpp"
@@ -17,12 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  LSTM_REQUIRE(in, "CharCorpus::load: cannot open " << p.string());
-  std::ostringstream os;
-  os << in.rdbuf();
-  LSTM_REQUIRE(!in.bad(), "CharCorpus::load: error reading " << p.string());
-  return os.str();
+  return read_regular_file(p.string(), "CharCorpus::load: " + p.string() + ": ", memory_limited_bytes());
 }
 
 struct Candidate {

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "io/config_reader.hpp"
+
 namespace lstm {
 
 // Tensor bytes are copied verbatim between memory and the file, and the format is little-endian.
@@ -30,27 +32,6 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
 
 std::string errno_str(int err) { return std::strerror(err); }
-
-// Closes a POSIX descriptor on every exit path.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Returns close()'s result so writers can see deferred write errors (e.g. on NFS).
-  int release_and_close() {
-    int r = ::close(fd_);
-    fd_ = -1;
-    return r;
-  }
-
- private:
-  int fd_;
-};
 
 struct Entry {
   std::string name;
@@ -110,36 +91,32 @@ Entry parse_entry(const std::string& name, const nlohmann::json& j, const std::s
   LSTM_REQUIRE(js.is_array(), at << "\"shape\" must be an array of integers, got " << js.type_name());
   for (const auto& jdim : js) {
     LSTM_REQUIRE(jdim.is_number_integer(),
-                 at << "\"shape\" must be an array of integers, found " << jdim.dump());
+                 at << "\"shape\" must be an array of integers, found " << json_excerpt(jdim));
     LSTM_REQUIRE(jdim.is_number_unsigned(),
-                 at << "negative dimension " << jdim.dump() << " in shape " << js.dump());
+                 at << "negative dimension " << json_excerpt(jdim) << " in shape " << json_excerpt(js));
     uint64_t d = jdim.get<uint64_t>();
     LSTM_REQUIRE(d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                 at << "dimension " << d << " in shape " << js.dump() << " is too large");
+                 at << "dimension " << d << " in shape " << json_excerpt(js) << " is too large");
     e.shape.push_back(static_cast<int64_t>(d));
   }
   const auto& jo = j.at("data_offsets");
   LSTM_REQUIRE(jo.is_array() && jo.size() == 2,
                at << "\"data_offsets\" must be an array of two non-negative integers [begin, end], got "
-                  << jo.dump());
+                  << json_excerpt(jo));
   LSTM_REQUIRE(json_u64(jo[0], e.begin) && json_u64(jo[1], e.end),
                at << "\"data_offsets\" must be an array of two non-negative integers [begin, end], got "
-                  << jo.dump());
+                  << json_excerpt(jo));
   LSTM_REQUIRE(e.begin <= e.end,
                at << "data_offsets [" << e.begin << ", " << e.end << "]: begin > end");
 
-  // Bounded unsigned arithmetic: a hostile shape must not overflow into a small, matching size.
-  // Tensor counts elements and bytes in int64_t, so that is the bound.
-  const uint64_t limit =
-      static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / dtype_size(e.dtype);
-  const bool empty = std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end();
-  uint64_t numel = empty ? 0 : 1;
-  for (int64_t d : e.shape) {
-    if (empty) break;
-    LSTM_REQUIRE(numel <= limit / static_cast<uint64_t>(d),
+  // Counted in order, with no shortcut for a zero dimension, as the reference implementation
+  // counts: [2^62, 4, 0] is refused there, so it is refused here. Tensor counts elements and
+  // bytes in int64_t, so that is the bound for both.
+  uint64_t numel = 1;
+  for (int64_t d : e.shape)
+    LSTM_REQUIRE(!__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) &&
+                     numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / dtype_size(e.dtype),
                  at << "shape " << shape_str(e.shape) << " has too many elements");
-    numel *= static_cast<uint64_t>(d);
-  }
   const uint64_t elem = dtype_size(e.dtype);
   const uint64_t want = numel * elem;
   LSTM_REQUIRE(e.end - e.begin == want,
@@ -167,14 +144,14 @@ Header read_header(int fd, uint64_t file_size, const std::string& pre) {
   std::string text(n, '\0');
   LSTM_REQUIRE(pread_exact(fd, text.data(), n, 8, pre), pre << "file truncated while reading header");
 
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& err) {
-    LSTM_THROW(pre << "header is not valid JSON: " << err.what());
-  }
+  // Duplicate names are refused rather than "last one wins": two readers must not disagree on
+  // which bytes a name means.
+  nlohmann::json j = parse_json(text, pre + "header", /*reject_duplicate_keys=*/true);
   LSTM_REQUIRE(j.is_object(), pre << "header is not a JSON object (got " << j.type_name() << ")");
-
+  // The reference implementation refuses a header that does not start with '{' (leading
+  // whitespace, a byte order mark); trailing whitespace is allowed there and here.
+  LSTM_REQUIRE(text[0] == '{', pre << "header must start with '{', got \"" << printable(text.substr(0, 8))
+                                   << "\" (leading whitespace or a byte order mark)");
   Header h;
   h.data_start = 8 + n;
   const uint64_t data_size = file_size - h.data_start;
@@ -222,23 +199,6 @@ Header read_header(int fd, uint64_t file_size, const std::string& pre) {
   return h;
 }
 
-// Opens `path` for reading and returns the descriptor and the file size.
-std::pair<int, uint64_t> open_for_read(const std::string& path, const std::string& pre) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LSTM_REQUIRE(fd >= 0, pre << "cannot open: " << errno_str(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    LSTM_THROW(pre << "cannot stat: " << errno_str(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    LSTM_THROW(pre << "not a regular file");
-  }
-  return {fd, static_cast<uint64_t>(st.st_size)};
-}
-
 std::string read_prefix(const std::string& path) { return "safetensors file '" + path + "': "; }
 
 void write_all(int fd, const char* p, size_t n, const std::string& pre) {
@@ -257,8 +217,8 @@ void write_all(int fd, const char* p, size_t n, const std::string& pre) {
 
 SafetensorsFile read_safetensors(const std::string& path) {
   const std::string pre = read_prefix(path);
-  auto [raw_fd, size] = open_for_read(path, pre);
-  Fd fd(raw_fd);
+  uint64_t size = 0;
+  Fd fd(open_regular_file(path, pre, size));
   Header h = read_header(fd.get(), size, pre);
 
   SafetensorsFile out;
@@ -275,8 +235,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
 
 std::map<std::string, Shape> read_safetensors_shapes(const std::string& path) {
   const std::string pre = read_prefix(path);
-  auto [raw_fd, size] = open_for_read(path, pre);
-  Fd fd(raw_fd);
+  uint64_t size = 0;
+  Fd fd(open_regular_file(path, pre, size));
   Header h = read_header(fd.get(), size, pre);
   std::map<std::string, Shape> out;
   for (Entry& e : h.entries) out.emplace(std::move(e.name), std::move(e.shape));

@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "cpu/ops.hpp"
+#include "io/config_reader.hpp"
+#include "lstm/checked.hpp"
 #if LSTM_HAVE_CUDA
 #include "core/cuda_rt.hpp"
 #include "cuda/layers.hpp"
@@ -729,50 +731,38 @@ class LastStep final : public LayerBase {
 
 // ---- JSON --------------------------------------------------------------------------------------
 
-[[noreturn]] void bad_field(const json& j, const char* key, const std::string& what) {
-  LSTM_THROW("layer JSON " << j.dump() << ": field \"" << key << "\" " << what);
-}
-
 const json* find_field(const json& j, const char* key, bool required) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
-    if (required) bad_field(j, key, "is required but missing");
+    LSTM_REQUIRE(!required, "layer JSON " << json_excerpt(j, 200) << ": field \"" << key << "\" is required but missing");
     return nullptr;
   }
   return &*it;
 }
 
-int64_t get_int(const json& j, const char* key, std::optional<int64_t> def) {
+std::string field_name(const json& j, const char* key) {
+  return "layer JSON " + json_excerpt(j, 200) + ": field \"" + key + "\"";
+}
+
+// Sizes are bounded here, before a layer multiplies them (lstm/checked.hpp says why kMaxDim).
+int64_t get_int(const json& j, const char* key, std::optional<int64_t> def, int64_t lo = 1, int64_t hi = kMaxDim) {
   const json* v = find_field(j, key, !def.has_value());
-  if (!v) return *def;
-  if (v->is_number_integer()) return v->get<int64_t>();
-  // 3.0 is an integer written by a tool that knows only floats; 3.5 is not.
-  if (v->is_number_float()) {
-    const double d = v->get<double>();
-    if (std::floor(d) == d && std::abs(d) < 9e15) return static_cast<int64_t>(d);
-  }
-  bad_field(j, key, "must be an integer, got " + v->dump());
+  return v ? read_int(*v, field_name(j, key), lo, hi) : *def;
 }
 
 double get_number(const json& j, const char* key, std::optional<double> def) {
   const json* v = find_field(j, key, !def.has_value());
-  if (!v) return *def;
-  if (!v->is_number()) bad_field(j, key, "must be a number, got " + v->dump());
-  return v->get<double>();
+  return v ? read_number(*v, field_name(j, key), -HUGE_VAL, HUGE_VAL) : *def;
 }
 
 bool get_bool(const json& j, const char* key, std::optional<bool> def) {
   const json* v = find_field(j, key, !def.has_value());
-  if (!v) return *def;
-  if (!v->is_boolean()) bad_field(j, key, "must be true or false, got " + v->dump());
-  return v->get<bool>();
+  return v ? read_bool(*v, field_name(j, key)) : *def;
 }
 
 std::string get_string(const json& j, const char* key, std::optional<std::string> def) {
   const json* v = find_field(j, key, !def.has_value());
-  if (!v) return *def;
-  if (!v->is_string()) bad_field(j, key, "must be a string, got " + v->dump());
-  return v->get<std::string>();
+  return v ? read_string(*v, field_name(j, key)) : *def;
 }
 
 // A misspelt optional field would otherwise be silently replaced by its default.
@@ -783,7 +773,7 @@ void reject_unknown_fields(const json& j, std::initializer_list<const char*> kno
     if (!ok) {
       std::string names;
       for (const char* k : known) names += std::string(names.empty() ? "" : ", ") + "\"" + k + "\"";
-      LSTM_THROW("layer JSON " << j.dump() << ": unknown field \"" << it.key() << "\"; this layer accepts " << names);
+      LSTM_THROW("layer JSON " << json_excerpt(j, 200) << ": unknown field \"" << it.key() << "\"; this layer accepts " << names);
     }
   }
 }
@@ -805,12 +795,12 @@ std::unique_ptr<Layer> make_activation(const std::string& fn) { return std::make
 std::unique_ptr<Layer> make_last_step() { return std::make_unique<LastStep>(); }
 
 std::unique_ptr<Layer> layer_from_json(const json& j) {
-  LSTM_REQUIRE(j.is_object(), "layer JSON must be an object, got " << j.dump());
+  LSTM_REQUIRE(j.is_object(), "layer JSON must be an object, got " << json_excerpt(j, 200));
   const std::string type = get_string(j, "type", std::nullopt);
   if (type == "embedding") {
     reject_unknown_fields(j, {"type", "num_embeddings", "embedding_dim", "padding_idx"});
     return make_embedding(get_int(j, "num_embeddings", std::nullopt), get_int(j, "embedding_dim", std::nullopt),
-                          get_int(j, "padding_idx", -1));
+                          get_int(j, "padding_idx", -1, -1));
   }
   if (type == "dense") {
     reject_unknown_fields(j, {"type", "out_features", "bias"});
@@ -833,15 +823,15 @@ std::unique_ptr<Layer> layer_from_json(const json& j) {
                               "dropout", "output", "algo"});
     LstmSpec spec;
     spec.hidden_size = get_int(j, "hidden_size", std::nullopt);
-    spec.num_layers = get_int(j, "num_layers", 1);
+    spec.num_layers = get_int(j, "num_layers", 1, 1, kMaxLayers);
     spec.bidirectional = get_bool(j, "bidirectional", false);
-    spec.proj_size = get_int(j, "proj_size", 0);
+    spec.proj_size = get_int(j, "proj_size", 0, 0);
     spec.bias = get_bool(j, "bias", true);
     spec.dropout = get_number(j, "dropout", 0.0);
-    spec.input_size = get_int(j, "input_size", 0);
+    spec.input_size = get_int(j, "input_size", 0, 0);
     return make_lstm(spec, get_string(j, "output", "sequence"), algo_from_name(get_string(j, "algo", "reference")));
   }
-  LSTM_THROW("layer JSON " << j.dump() << ": unknown type \"" << type
+  LSTM_THROW("layer JSON " << json_excerpt(j, 200) << ": unknown type \"" << type
                            << "\"; expected embedding, lstm, dense, dropout, activation or last_step");
 }
 

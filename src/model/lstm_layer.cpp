@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "lstm/checked.hpp"
 #include "lstm/device.hpp"
 #include "lstm/layers.hpp"
 #if LSTM_HAVE_CUDA
@@ -39,6 +40,12 @@ class LstmLayer final : public Layer {
     spec_.input_size = in.features;
     spec_.validate();
     LSTM_REQUIRE(dtype == DType::F32 || dtype == DType::F64, "parameters must be F32 or F64, got " << dtype_name(dtype));
+    // Each tensor may fit while all of them do not (num_layers 1e6): count them all first.
+    const std::string what = "the LSTM's parameters and gradients (hidden_size " + std::to_string(spec_.hidden_size) +
+                             ", num_layers " + std::to_string(spec_.num_layers) + ")";
+    int64_t numel = 0;
+    for (const auto& n : spec_.param_names()) numel = checked_add(numel, shape_numel(spec_.param_shape(n)), what);
+    require_memory(static_cast<uint64_t>(checked_mul(numel, 2 * static_cast<int64_t>(dtype_size(dtype)), what)), what);
     weights_.clear();
     grads_.clear();
     for (const auto& n : spec_.param_names()) {

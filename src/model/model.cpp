@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "io/config_reader.hpp"
+#include "lstm/checked.hpp"
 #include "lstm/safetensors.hpp"
 
 namespace lstm {
@@ -18,17 +20,16 @@ std::string default_name(const std::string& kind) {
 nlohmann::json signal_json(const Signal& s) { return {{"kind", signal_kind_name(s.kind)}, {"features", s.features}}; }
 
 Signal signal_from_json(const nlohmann::json& j) {
-  LSTM_REQUIRE(j.is_object() && j.contains("kind") && j.contains("features") && j["kind"].is_string() &&
-                   j["features"].is_number_integer(),
-               "model input must be {\"kind\": \"tokens\"|\"sequence\"|\"vector\", \"features\": N}, got " << j.dump());
+  LSTM_REQUIRE(j.is_object() && j.contains("kind") && j.contains("features") && j["kind"].is_string(),
+               "model input must be {\"kind\": \"tokens\"|\"sequence\"|\"vector\", \"features\": N}, got "
+                   << json_excerpt(j));
   std::string k = j["kind"];
   Signal s;
   if (k == "tokens") s.kind = SignalKind::Tokens;
   else if (k == "sequence") s.kind = SignalKind::Sequence;
   else if (k == "vector") s.kind = SignalKind::Vector;
   else LSTM_THROW("model input kind must be tokens, sequence or vector, got \"" << k << "\"");
-  s.features = j["features"].get<int64_t>();
-  LSTM_REQUIRE(s.features > 0, "model input features must be positive, got " << s.features);
+  s.features = read_int(j["features"], "model input \"features\"", 1, kMaxDim);
   return s;
 }
 
@@ -186,20 +187,23 @@ nlohmann::json Model::to_json() const {
 
 Model Model::from_json(const nlohmann::json& j) {
   LSTM_REQUIRE(j.is_object() && j.contains("layers") && j["layers"].is_array() && j.contains("input"),
-               "model description must be an object with \"input\" and \"layers\", got " << j.dump().substr(0, 200));
+               "model description must be an object with \"input\" and \"layers\", got " << json_excerpt(j, 200));
   Model m;
-  for (const auto& lj : j["layers"]) {
-    nlohmann::json copy = lj;
+  for (size_t i = 0; i < j["layers"].size(); ++i) {
+    nlohmann::json copy = j["layers"][i];
     std::string name;
-    if (copy.contains("name")) {
-      LSTM_REQUIRE(copy["name"].is_string(), "layer \"name\" must be a string, got " << copy["name"].dump());
-      name = copy["name"].get<std::string>();
-      copy.erase("name");
+    try {
+      if (copy.is_object() && copy.contains("name")) {
+        name = read_string(copy["name"], "field \"name\"");
+        copy.erase("name");
+      }
+      m.add(layer_from_json(copy), name);
+    } catch (const Error& e) {
+      LSTM_THROW("layers[" << i << "]: " << e.what());
     }
-    m.add(layer_from_json(copy), name);
   }
   DType dt = DType::F32;
-  if (j.contains("dtype")) dt = dtype_from_name(j["dtype"].get<std::string>());
+  if (j.contains("dtype")) dt = dtype_from_name(read_string(j["dtype"], "model \"dtype\""));
   m.build(signal_from_json(j["input"]), dt);
   return m;
 }
@@ -224,23 +228,29 @@ void save_model(const std::string& path, const Model& model, const std::map<std:
   write_safetensors(path, model.state_dict(), meta);
 }
 
-Model load_model(const std::string& path, std::map<std::string, std::string>* metadata, DType dtype) {
+Model load_model(const std::string& path, std::map<std::string, std::string>* metadata, DType dtype,
+                 bool allow_nonfinite) {
   SafetensorsFile f = read_safetensors(path);
   auto it = f.metadata.find(kModelKey);
   LSTM_REQUIRE(it != f.metadata.end(), path << ": not an lstm-engine model file (no \"" << kModelKey
                                             << "\" metadata); for a bare nn.LSTM state_dict use `lstm forward`");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(it->second);
-  } catch (const std::exception& e) {
-    LSTM_THROW(path << ": model description is not valid JSON: " << e.what());
-  }
+  nlohmann::json j = parse_json(it->second, path + ": model description (metadata \"" + kModelKey + "\")");
+  LSTM_REQUIRE(j.is_object(), path << ": model description must be a JSON object, got " << json_excerpt(j));
   j["dtype"] = dtype_name(dtype);
-  Model m = Model::from_json(j);
+  Model m;
   try {
+    m = Model::from_json(j);
     m.load_state_dict(f.tensors, true);
   } catch (const Error& e) {
     LSTM_THROW(path << ": " << e.what());
+  }
+  // A model with NaN/Inf parameters only produces garbage; refuse it unless asked to look at it.
+  if (!allow_nonfinite) {
+    try {
+      for (const auto& [name, t] : f.tensors) require_finite(t, path + ": parameter '" + name + "'");
+    } catch (const Error& e) {
+      LSTM_THROW(e.what() << "; to load it anyway for inspection, pass --allow-nonfinite (allow_nonfinite)");
+    }
   }
   if (metadata) *metadata = f.metadata;
   return m;

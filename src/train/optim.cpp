@@ -14,6 +14,7 @@
 #if LSTM_HAVE_CUDA
 #include "cuda/optim.hpp"
 #endif
+#include "io/config_reader.hpp"
 #include "lstm/device.hpp"
 
 namespace lstm {
@@ -250,6 +251,11 @@ class Sgd final : public Optimizer {
     return out;
   }
 
+  std::vector<std::string> state_keys(const std::string& param) const override {
+    if (momentum_ == 0) return {};
+    return {key(param)};
+  }
+
   void load_state(const std::map<std::string, Tensor>& state) override {
     std::map<std::string, Slot> next;
     for (const auto& [k, t] : state) {
@@ -415,6 +421,10 @@ class Adam final : public Optimizer {
       out.emplace("step." + name, Tensor::from_vector<double>({}, {static_cast<double>(step)}));
     }
     return out;
+  }
+
+  std::vector<std::string> state_keys(const std::string& param) const override {
+    return {"exp_avg." + param, "exp_avg_sq." + param, "step." + param};
   }
 
   void load_state(const std::map<std::string, Tensor>& state) override {
@@ -612,34 +622,24 @@ class Fields {
       if (known) continue;
       std::string list = "type";
       for (const char* a : allowed) list += std::string(", ") + a;
-      LSTM_THROW(what_ << ": unknown field \"" << k << "\" = " << v.dump() << " (expected: " << list << ")");
+      LSTM_THROW(what_ << ": unknown field \"" << k << "\" = " << json_excerpt(v) << " (expected: " << list << ")");
     }
   }
 
   double number(const char* key, std::optional<double> def) const {
     if (!j_.contains(key)) return required(key, def);
-    const json& v = j_.at(key);
-    LSTM_REQUIRE(v.is_number(), what_ << ": field \"" << key << "\" must be a number, got " << v.dump());
-    return v.get<double>();
+    return read_number(j_.at(key), name(key), -HUGE_VAL, HUGE_VAL);
   }
 
+  // Step counts: 2^53 bounds the doubles that still count every step.
   int64_t integer(const char* key, std::optional<int64_t> def) const {
     if (!j_.contains(key)) return required(key, def);
-    const json& v = j_.at(key);
-    if (v.is_number_integer()) return v.get<int64_t>();
-    // JSON writers may spell integers as 1e4 or 1000.0; accept those when exactly integral.
-    if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (d == std::floor(d) && std::abs(d) <= 9007199254740992.0) return static_cast<int64_t>(d);
-    }
-    LSTM_THROW(what_ << ": field \"" << key << "\" must be an integer, got " << v.dump());
+    return read_int(j_.at(key), name(key), -(int64_t{1} << 53), int64_t{1} << 53);
   }
 
   bool boolean(const char* key, bool def) const {
     if (!j_.contains(key)) return def;
-    const json& v = j_.at(key);
-    LSTM_REQUIRE(v.is_boolean(), what_ << ": field \"" << key << "\" must be true or false, got " << v.dump());
-    return v.get<bool>();
+    return read_bool(j_.at(key), name(key));
   }
 
  private:
@@ -649,16 +649,16 @@ class Fields {
     return *def;
   }
 
+  std::string name(const char* key) const { return what_ + ": field \"" + key + "\""; }
+
   const json& j_;
   std::string what_;
 };
 
 std::string type_of(const json& j, const char* what, const char* expected) {
-  LSTM_REQUIRE(j.is_object(), what << " json: expected an object with a \"type\" field, got " << j.dump());
+  LSTM_REQUIRE(j.is_object(), what << " json: expected an object with a \"type\" field, got " << json_excerpt(j));
   LSTM_REQUIRE(j.contains("type"), what << " json: missing field \"type\" (expected " << expected << ")");
-  const json& t = j.at("type");
-  LSTM_REQUIRE(t.is_string(), what << " json: field \"type\" must be a string, got " << t.dump());
-  return t.get<std::string>();
+  return read_string(j.at("type"), std::string(what) + " json: field \"type\"");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,16 +3,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <string_view>
 
+#include "io/config_reader.hpp"
+#include "lstm/checked.hpp"
 #include "lstm/loss.hpp"
 #include "lstm/optim.hpp"
 #include "lstm/parallel.hpp"
@@ -59,15 +67,6 @@ void merge(nlohmann::json& base, const nlohmann::json& over, const std::string& 
   }
 }
 
-template <class T>
-T field(const nlohmann::json& j, const char* section, const char* name) {
-  try {
-    return j.at(section).at(name).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    LSTM_THROW("config: '" << section << "." << name << "' has the wrong type: " << j.at(section).at(name).dump());
-  }
-}
-
 // The data of either task, behind one face.
 struct TaskData {
   std::string task;
@@ -98,21 +97,22 @@ struct TaskData {
 
 nlohmann::json string_list(const std::vector<std::string>& v) { return nlohmann::json(v); }
 
+// `cfg` is resolved (resolve_train_config), so its fields have their types and bounds.
 TaskData load_task_data(const nlohmann::json& cfg, const std::string& path_override = "") {
   TaskData d;
   d.task = cfg["task"].get<std::string>();
   std::string path = path_override.empty() ? cfg["data"]["path"].get<std::string>() : path_override;
   LSTM_REQUIRE(!path.empty(), "config: 'data.path' is empty: give a text file or folder (charlm) or a CSV file (classify)");
-  double vf = field<double>(cfg, "data", "valid_fraction");
+  double vf = cfg["data"]["valid_fraction"].get<double>();
   if (d.task == "charlm") {
-    d.corpus = CharCorpus::load({path}, vf, field<int64_t>(cfg, "data", "max_bytes"));
+    d.corpus = CharCorpus::load({path}, vf, cfg["data"]["max_bytes"].get<int64_t>());
     d.input = {SignalKind::Tokens, d.corpus->vocab().size()};
     d.outputs = d.corpus->vocab().size();
     d.meta["lstm_engine.vocab"] = d.corpus->vocab().to_json().dump();
   } else if (d.task == "classify") {
     d.csv = CsvDataset::load(path, cfg["data"]["label_column"].get<std::string>(),
                              cfg["data"]["sequence_column"].get<std::string>());
-    Rng split_rng(field<uint64_t>(cfg, "train", "seed") ^ 0x5151ull);
+    Rng split_rng(cfg["train"]["seed"].get<uint64_t>() ^ 0x5151ull);
     std::tie(d.train_idx, d.valid_idx) = d.csv->split(vf, split_rng);
     LSTM_REQUIRE(!d.train_idx.empty(), path << ": no rows left for training after holding out " << vf << " for validation");
     d.input = {d.csv->is_tokens() ? SignalKind::Tokens : SignalKind::Sequence, d.csv->features()};
@@ -266,30 +266,43 @@ std::string save_checkpoint(const fs::path& out_dir, int64_t step, const Model& 
                             const std::map<std::string, std::string>& model_meta, const Optimizer& opt,
                             const Rng& data_rng, const Rng& model_rng, const nlohmann::json& cfg, int64_t keep) {
   fs::path ck = out_dir / "checkpoints";
-  fs::create_directories(ck);
   fs::path final_dir = ck / step_dir_name(step);
   fs::path tmp = ck / (".tmp-" + step_dir_name(step) + "-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  save_model((tmp / "model.safetensors").string(), model, model_meta);
-  std::map<std::string, Tensor> ts = opt.state();
-  std::map<std::string, Tensor> prefixed;
-  for (auto& [k, v] : ts) prefixed["optimizer." + k] = v;
-  prefixed["rng.data"] = rng_tensor(data_rng);
-  prefixed["rng.model"] = rng_tensor(model_rng);
-  write_safetensors((tmp / "trainer.safetensors").string(), prefixed,
-                    {{"step", std::to_string(step)}, {"config", cfg.dump()}, {"optimizer", opt.to_json().dump()}});
-  fsync_dir(tmp);
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
-  fsync_dir(ck);
-  write_file_atomic((ck / "latest").string(), step_dir_name(step) + "\n");
-  // Keep the newest `keep` checkpoints; drop temporary folders a killed run left behind.
+  try {
+    fs::create_directories(ck);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    save_model((tmp / "model.safetensors").string(), model, model_meta);
+    std::map<std::string, Tensor> ts = opt.state();
+    std::map<std::string, Tensor> prefixed;
+    for (auto& [k, v] : ts) prefixed["optimizer." + k] = v;
+    prefixed["rng.data"] = rng_tensor(data_rng);
+    prefixed["rng.model"] = rng_tensor(model_rng);
+    write_safetensors((tmp / "trainer.safetensors").string(), prefixed,
+                      {{"step", std::to_string(step)}, {"config", cfg.dump()}, {"optimizer", opt.to_json().dump()}});
+    fsync_dir(tmp);
+    fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+    fsync_dir(ck);
+    write_file_atomic((ck / "latest").string(), step_dir_name(step) + "\n");
+  } catch (const std::exception& e) {
+    // The previous checkpoint and `latest` are intact; leave no half-written folder behind.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    const bool full = std::string(e.what()).find(std::strerror(ENOSPC)) != std::string::npos;
+    LSTM_THROW("checkpoint " << final_dir.string() << " could not be written: " << e.what()
+                             << (full ? "; the older checkpoints are kept until the new one is complete, so keeping "
+                                        "train.keep_checkpoints = " + std::to_string(keep) + " needs room for " +
+                                        std::to_string(keep + 1) + ": free space or lower keep_checkpoints"
+                                      : std::string()));
+  }
+  // Keep the newest `keep` checkpoints; drop temporaries a killed run left behind: step folders
+  // (.tmp-step-*) and the pointer's own (latest.tmp.<pid>.<n>, from write_file_atomic).
   std::vector<fs::path> dirs, stale;
   for (auto& e : fs::directory_iterator(ck)) {
     const std::string name = e.path().filename().string();
     if (e.is_directory() && name.rfind("step-", 0) == 0) dirs.push_back(e.path());
-    if (name.rfind(".tmp-", 0) == 0) stale.push_back(e.path());
+    if (name.rfind(".tmp-", 0) == 0 || name.rfind("latest.tmp.", 0) == 0) stale.push_back(e.path());
   }
   for (auto& p : stale) fs::remove_all(p);
   std::sort(dirs.begin(), dirs.end());
@@ -298,15 +311,94 @@ std::string save_checkpoint(const fs::path& out_dir, int64_t step, const Model& 
   return final_dir.string();
 }
 
+// A resume must continue exactly as an uninterrupted run: after a step every param has its
+// optimizer state (Adam's moments would otherwise silently restart), and there is no state for
+// params this model does not have.
+void check_optimizer_state(const std::map<std::string, Tensor>& state, const Optimizer& opt, Model& model,
+                           int64_t step, const std::string& file) {
+  std::set<std::string> expected;
+  std::vector<std::string> missing;
+  for (const Param& p : model.parameters()) {
+    for (const std::string& k : opt.state_keys(p.name)) {
+      expected.insert(k);
+      auto it = state.find(k);
+      if (it == state.end()) {
+        missing.push_back("optimizer." + k);
+        continue;
+      }
+      // Step counters are scalars; buffers have their param's shape.
+      LSTM_REQUIRE(it->second.dim() == 0 || it->second.shape() == p.value.shape(),
+                   file << ": optimizer state 'optimizer." << k << "' has shape " << it->second.shape_str()
+                        << ", expected " << p.value.shape_str() << " (the shape of parameter '" << p.name << "')");
+    }
+  }
+  for (const auto& [k, t] : state)
+    LSTM_REQUIRE(expected.count(k), file << ": unexpected optimizer state 'optimizer." << k << "' (" << opt.kind()
+                                         << " keeps " << (expected.empty() ? std::string("no state") : "state for this model's parameters only")
+                                         << ")");
+  if (step == 0 || missing.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", '" : "'") + missing[i] + "'";
+  if (missing.size() > 5) list += ", ... (" + std::to_string(missing.size()) + " in all)";
+  LSTM_THROW(file << ": the " << opt.kind() << " optimizer state is incomplete at step " << step << ": missing "
+                  << list << "; resuming would restart it and differ from an uninterrupted run, so the resume is refused");
+}
+
+// The step of a checkpoint folder name "step-N" (digits only), or -1 for any other name.
+int64_t step_of_dir_name(std::string_view name) {
+  constexpr std::string_view kPrefix = "step-";
+  if (name.substr(0, kPrefix.size()) != kPrefix || name.size() == kPrefix.size() || name.size() > kPrefix.size() + 18)
+    return -1;
+  int64_t step = -1;
+  const char* first = name.data() + kPrefix.size();
+  const char* last = name.data() + name.size();
+  auto [ptr, ec] = std::from_chars(first, last, step);
+  return ec == std::errc() && ptr == last && std::all_of(first, last, [](char c) { return c >= '0' && c <= '9'; })
+             ? step
+             : -1;
+}
+
+// `latest` may name only a step-N folder of this run's checkpoints folder: anything else (a
+// path into another run, a link) would resume a different run's architecture and state.
 fs::path latest_checkpoint(const fs::path& out_dir) {
-  fs::path latest = out_dir / "checkpoints" / "latest";
-  std::ifstream f(latest);
-  LSTM_REQUIRE(f, "no checkpoint to resume from: " << latest << " does not exist");
-  std::string name;
-  std::getline(f, name);
-  fs::path dir = out_dir / "checkpoints" / name;
-  LSTM_REQUIRE(!name.empty() && fs::is_directory(dir), latest << " names '" << name << "', which is not a checkpoint folder");
+  const fs::path latest = out_dir / "checkpoints" / "latest";
+  LSTM_REQUIRE(fs::exists(latest), "no checkpoint to resume from: " << latest.string() << " does not exist");
+  const std::string pre = "checkpoint pointer " + latest.string() + ": ";
+  std::string name = read_regular_file(latest.string(), pre, 4096);
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  LSTM_REQUIRE(step_of_dir_name(name) >= 0,
+               pre << "expected the name of a checkpoint folder of this run (step-N, N digits), got \""
+                   << printable(name) << "\"");
+  const fs::path dir = out_dir / "checkpoints" / name;
+  LSTM_REQUIRE(fs::is_directory(fs::symlink_status(dir)),
+               pre << "names '" << name << "', but " << dir.string() << " is not a folder (a link or missing)");
   return dir;
+}
+
+// An integer stored as text in a file's metadata.
+int64_t metadata_int(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& file) {
+  auto it = meta.find(key);
+  LSTM_REQUIRE(it != meta.end(), file << ": metadata \"" << key << "\" is missing (expected an integer)");
+  int64_t v = 0;
+  const std::string& text = it->second;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  LSTM_REQUIRE(ec == std::errc() && ptr == text.data() + text.size() && v >= 0,
+               file << ": metadata \"" << key << "\" must be a non-negative integer, got \"" << printable(text) << "\"");
+  return v;
+}
+
+// A training configuration stored in a file's metadata (checkpoint or model), checked as a
+// user's config is, errors naming the file.
+nlohmann::json stored_config(const std::map<std::string, std::string>& meta, const std::string& key,
+                             const std::string& file) {
+  auto it = meta.find(key);
+  LSTM_REQUIRE(it != meta.end(), file << ": no training configuration in its metadata (\"" << key << "\")");
+  nlohmann::json cfg = parse_json(it->second, file + ": metadata \"" + key + "\"");
+  try {
+    return resolve_train_config(cfg);
+  } catch (const Error& e) {
+    LSTM_THROW(file << ": metadata \"" << key << "\": " << e.what());
+  }
 }
 
 std::string fmt_duration(double s) {
@@ -331,45 +423,58 @@ std::string fmt_rate(double r) {
 }  // namespace
 
 nlohmann::json resolve_train_config(const nlohmann::json& user) {
-  LSTM_REQUIRE(user.is_object(), "config must be a JSON object, got " << user.dump().substr(0, 100));
+  LSTM_REQUIRE(user.is_object(), "config must be a JSON object, got " << json_excerpt(user));
   for (const char* section : {"data", "model", "train"})
     LSTM_REQUIRE(!user.contains(section) || user[section].is_object(),
-                 "config: '" << section << "' must be an object, got " << user[section].dump().substr(0, 100));
+                 "config: '" << section << "' must be an object, got " << json_excerpt(user[section]));
   nlohmann::json cfg = default_train_config();
   merge(cfg, user, "");
-  auto expect = [&](const nlohmann::json& v, bool ok, const char* name, const char* what) {
-    LSTM_REQUIRE(ok, "config: '" << name << "' must be " << what << ", got " << v.dump().substr(0, 100));
-  };
-  expect(cfg["task"], cfg["task"].is_string(), "task", "\"charlm\" or \"classify\"");
-  for (const char* k : {"path", "label_column", "sequence_column"}) {
-    std::string name = std::string("data.") + k;
-    expect(cfg["data"][k], cfg["data"][k].is_string(), name.c_str(), "a string");
+  auto name = [](const std::string& field) { return "config: '" + field + "'"; };
+  const std::string task = read_string(cfg["task"], name("task"));
+  LSTM_REQUIRE(task == "charlm" || task == "classify",
+               name("task") << " must be \"charlm\" or \"classify\", got " << json_excerpt(cfg["task"]));
+  for (const char* k : {"path", "label_column", "sequence_column"})
+    read_string(cfg["data"][k], name(std::string("data.") + k));
+  read_number(cfg["data"]["valid_fraction"], name("data.valid_fraction"), 0.0, 1.0);
+  cfg["data"]["max_bytes"] =
+      read_int(cfg["data"]["max_bytes"], name("data.max_bytes"), -1, std::numeric_limits<int64_t>::max());
+  cfg["model"]["embedding_dim"] = read_int(cfg["model"]["embedding_dim"], name("model.embedding_dim"), 1, kMaxDim);
+  const auto& layers = cfg["model"]["layers"];
+  LSTM_REQUIRE(layers.is_array() && !layers.empty(),
+               name("model.layers") << " must be a non-empty list of layers, got " << json_excerpt(layers));
+  // Each layer is checked here, sizes and all, so a bad one fails before any data is read.
+  for (size_t i = 0; i < layers.size(); ++i) {
+    nlohmann::json l = layers[i];
+    if (i + 1 == layers.size() && l.is_object() && l.value("type", "") == "dense" && !l.contains("out_features"))
+      l["out_features"] = 1;  // filled in from the data later
+    if (l.is_object()) l.erase("name");
+    try {
+      (void)layer_from_json(l);
+    } catch (const Error& e) {
+      LSTM_THROW(name("model.layers[" + std::to_string(i) + "]") << ": " << e.what());
+    }
   }
-  expect(cfg["data"]["valid_fraction"], cfg["data"]["valid_fraction"].is_number(), "data.valid_fraction", "a number");
-  expect(cfg["data"]["max_bytes"], cfg["data"]["max_bytes"].is_number_integer(), "data.max_bytes", "an integer");
-  expect(cfg["model"]["embedding_dim"],
-         cfg["model"]["embedding_dim"].is_number_integer() && cfg["model"]["embedding_dim"].get<int64_t>() > 0,
-         "model.embedding_dim", "a positive integer");
-  expect(cfg["model"]["layers"], cfg["model"]["layers"].is_array() && !cfg["model"]["layers"].empty(), "model.layers",
-         "a non-empty list of layers");
   // JSON text gives unsigned numbers; a config built in C++ ({"seed", 3}) gives signed ones.
   {
     auto& seed = cfg["train"]["seed"];
     if (seed.is_number_integer() && !seed.is_number_unsigned() && seed.get<int64_t>() >= 0)
       seed = static_cast<uint64_t>(seed.get<int64_t>());
+    LSTM_REQUIRE(seed.is_number_unsigned(), name("train.seed") << " must be an integer in [0, 2^64), got "
+                                                               << json_excerpt(seed));
   }
-  expect(cfg["train"]["seed"], cfg["train"]["seed"].is_number_unsigned(), "train.seed", "a non-negative integer");
   auto& t = cfg["train"];
-  for (const char* k : {"steps", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "checkpoint_every",
-                        "keep_checkpoints", "sample_length", "threads"})
-    LSTM_REQUIRE(t[k].is_number_integer() && t[k].get<int64_t>() >= 0,
-                 "config: 'train." << k << "' must be a non-negative integer, got " << t[k].dump());
-  LSTM_REQUIRE(t["batch_size"].get<int64_t>() > 0, "config: 'train.batch_size' must be positive");
-  LSTM_REQUIRE(t["seq_len"].get<int64_t>() > 0, "config: 'train.seq_len' must be positive");
-  LSTM_REQUIRE(t["clip_grad_norm"].is_number() && t["clip_grad_norm"].get<double>() >= 0,
-               "config: 'train.clip_grad_norm' must be a number >= 0 (0 = off), got " << t["clip_grad_norm"].dump());
+  // Counts of steps: 2^53 bounds the doubles (progress, Adam's step) that still count every step.
+  constexpr int64_t kMaxSteps = int64_t{1} << 53;
+  for (const char* k : {"steps", "log_every", "eval_every", "eval_batches", "checkpoint_every", "sample_length"})
+    t[k] = read_int(t[k], name(std::string("train.") + k), 0, kMaxSteps);
+  t["batch_size"] = read_int(t["batch_size"], name("train.batch_size"), 1, kMaxDim);
+  t["seq_len"] = read_int(t["seq_len"], name("train.seq_len"), 1, kMaxDim);
+  t["keep_checkpoints"] = read_int(t["keep_checkpoints"], name("train.keep_checkpoints"), 0, 1'000'000);
+  t["threads"] = read_int(t["threads"], name("train.threads"), 0, 65536);
+  read_number(t["clip_grad_norm"], name("train.clip_grad_norm") + " (0 = off)", 0.0, HUGE_VAL);
   LSTM_REQUIRE(t["sample_temperature"].is_number() && t["sample_temperature"].get<double>() > 0,
-               "config: 'train.sample_temperature' must be positive");
+               name("train.sample_temperature") << " must be a number > 0, got "
+                                                << json_excerpt(t["sample_temperature"]));
   auto& sch = t["schedule"];
   const bool user_schedule = user.contains("train") && user["train"].is_object() && user["train"].contains("schedule");
   if (sch.is_object() && sch.value("type", "") == "cosine") {
@@ -391,19 +496,19 @@ TrainResult train(const TrainOptions& opts) {
   SafetensorsFile trainer_file;
   if (opts.resume) {
     resume_dir = latest_checkpoint(out_dir);
-    trainer_file = read_safetensors((resume_dir / "trainer.safetensors").string());
-    try {
-      cfg = nlohmann::json::parse(trainer_file.metadata.at("config"));
-    } catch (const std::exception&) {
-      LSTM_THROW(resume_dir / "trainer.safetensors" << ": no valid training configuration in its metadata");
+    const std::string tf = (resume_dir / "trainer.safetensors").string();
+    trainer_file = read_safetensors(tf);
+    cfg = stored_config(trainer_file.metadata, "config", tf);
+    if (opts.steps >= 0) {
+      cfg["train"]["steps"] = opts.steps;
+      cfg = resolve_train_config(cfg);
     }
-    if (opts.steps >= 0) cfg["train"]["steps"] = opts.steps;
   } else {
     nlohmann::json user = opts.config;
-    if (opts.steps >= 0) user["train"]["steps"] = opts.steps;
+    if (opts.steps >= 0 && user.is_object()) user["train"]["steps"] = opts.steps;
     cfg = resolve_train_config(user);
   }
-  if (opts.threads > 0) cfg["train"]["threads"] = opts.threads;
+  if (opts.threads > 0) cfg["train"]["threads"] = checked_size(opts.threads, 1, 65536, "threads");
   const auto& tc = cfg["train"];
   if (tc["threads"].get<int>() > 0) set_num_threads(tc["threads"].get<int>());
   const int64_t steps = tc["steps"], B = tc["batch_size"], T = tc["seq_len"];
@@ -413,6 +518,19 @@ TrainResult train(const TrainOptions& opts) {
 
   TaskData data = load_task_data(cfg);
   Model model = Model::from_json(model_json(cfg, data));
+  {
+    // The parameters fit (they are allocated); refuse here, before the first step allocates
+    // them, a job whose optimizer state and batches cannot fit too. A lower bound: parameters,
+    // gradients and two optimizer buffers, plus the logits and their gradient of one batch.
+    const int64_t params = model.num_parameters();
+    const int64_t logits = checked_mul(checked_mul(B, data.corpus ? T : 1, "batch_size * seq_len"), data.outputs,
+                                       "logits per batch");
+    const int64_t bytes = checked_add(checked_mul(params, 4 * 4, "parameter bytes"),
+                                      checked_mul(logits, 2 * 4, "logit bytes"), "training memory");
+    require_memory(static_cast<uint64_t>(bytes),
+                   "this training job (" + std::to_string(params) + " parameters with gradients and optimizer state; "
+                       "batch_size " + std::to_string(B) + ", seq_len " + std::to_string(T) + ")");
+  }
   auto opt = optimizer_from_json(tc["optimizer"]);
   auto sched = schedule_from_json(tc["schedule"]);
   const uint64_t seed = tc["seed"];
@@ -425,11 +543,19 @@ TrainResult train(const TrainOptions& opts) {
     std::map<std::string, std::string> mmeta;
     Model loaded = load_model((resume_dir / "model.safetensors").string(), &mmeta);
     model.load_state_dict(loaded.state_dict(), true);
-    step = std::stoll(trainer_file.metadata.at("step"));
+    const std::string tf = (resume_dir / "trainer.safetensors").string();
+    step = metadata_int(trainer_file.metadata, "step", tf);
+    LSTM_REQUIRE(step == step_of_dir_name(resume_dir.filename().string()),
+                 tf << ": metadata \"step\" is " << step << ", but the checkpoint folder is " << resume_dir.filename().string());
     std::map<std::string, Tensor> ostate;
     for (auto& [k, v] : trainer_file.tensors)
       if (k.rfind("optimizer.", 0) == 0) ostate[k.substr(10)] = v;
-    opt->load_state(ostate);
+    check_optimizer_state(ostate, *opt, model, step, tf);
+    try {
+      opt->load_state(ostate);
+    } catch (const Error& e) {
+      LSTM_THROW(tf << ": " << e.what());
+    }
     restore_rng(data_rng, trainer_file.tensors, "rng.data", resume_dir.string());
     restore_rng(model_rng, trainer_file.tensors, "rng.model", resume_dir.string());
     log << "resuming from " << resume_dir.string() << " at step " << step << "\n";
@@ -580,6 +706,19 @@ TrainResult train(const TrainOptions& opts) {
   return res;
 }
 
+nlohmann::json read_train_config_file(const std::string& path) {
+  const std::string pre = "--config " + path;
+  nlohmann::json user = parse_json(read_regular_file(path, pre + ": ", 16 << 20), pre);
+  // Checked now, so that errors name the file; returned as given, so that overrides (--steps)
+  // still resolve into the derived defaults (the schedule's total_steps).
+  try {
+    (void)resolve_train_config(user);
+  } catch (const Error& e) {
+    LSTM_THROW(pre << ": " << e.what());
+  }
+  return user;
+}
+
 std::string resolve_model_path(const std::string& path) {
   if (fs::is_directory(path)) {
     fs::path p = fs::path(path) / "checkpoints";
@@ -593,14 +732,14 @@ std::string resolve_model_path(const std::string& path) {
 }
 
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path, int64_t batch_size,
-                          int64_t seq_len, const Placement& placement) {
+                          int64_t seq_len, const Placement& placement, bool allow_nonfinite) {
+  checked_size(batch_size, 1, kMaxDim, "evaluation batch size");
+  checked_size(seq_len, 1, kMaxDim, "evaluation sequence length");
   std::string mp = resolve_model_path(model_path);
   std::map<std::string, std::string> meta;
-  Model model = load_model(mp, &meta);
+  Model model = load_model(mp, &meta, DType::F32, allow_nonfinite);
   model.place(placement);
-  auto it = meta.find("lstm_engine.config");
-  LSTM_REQUIRE(it != meta.end(), mp << ": no training configuration in the model file; cannot tell its task");
-  nlohmann::json cfg = nlohmann::json::parse(it->second);
+  nlohmann::json cfg = stored_config(meta, "lstm_engine.config", mp);
   TaskData d = load_task_data(cfg, data_path);
   for (const char* key : {"lstm_engine.vocab", "lstm_engine.classes", "lstm_engine.tokens"}) {
     auto a = meta.find(key);
@@ -610,8 +749,6 @@ EvalResult evaluate_model(const std::string& model_path, const std::string& data
                                                          << " differ from the model's: evaluate on data with the same "
                                                          << std::string(key).substr(12));
   }
-  LSTM_REQUIRE(batch_size >= 1 && seq_len >= 1,
-               "evaluation needs batch size and sequence length >= 1, got " << batch_size << " and " << seq_len);
   EvalResult r = run_eval(model, d, batch_size, seq_len, 0);
   LSTM_REQUIRE(r.count > 0, "nothing to evaluate: the held-out split of " << d.meta.at("lstm_engine.data")
                                                                          << " has no complete window of " << seq_len
@@ -620,14 +757,21 @@ EvalResult evaluate_model(const std::string& model_path, const std::string& data
 }
 
 std::string generate_text(const std::string& model_path, const std::string& prime, int64_t length, double temperature,
-                          uint64_t seed, const Placement& placement) {
+                          uint64_t seed, const Placement& placement, bool allow_nonfinite) {
+  checked_size(length, 0, kMaxDim, "generated length");
   std::string mp = resolve_model_path(model_path);
   std::map<std::string, std::string> meta;
-  Model model = load_model(mp, &meta);
+  Model model = load_model(mp, &meta, DType::F32, allow_nonfinite);
   model.place(placement);
   auto it = meta.find("lstm_engine.vocab");
   LSTM_REQUIRE(it != meta.end(), mp << ": not a character language model (no vocabulary in the file)");
-  Vocab vocab = Vocab::from_json(nlohmann::json::parse(it->second));
+  const nlohmann::json vj = parse_json(it->second, mp + ": metadata \"lstm_engine.vocab\"");
+  Vocab vocab;
+  try {
+    vocab = Vocab::from_json(vj);
+  } catch (const Error& e) {
+    LSTM_THROW(mp << ": metadata \"lstm_engine.vocab\": " << e.what());
+  }
   Rng rng(seed);
   return sample_text(model, vocab, prime, length, temperature, rng);
 }
