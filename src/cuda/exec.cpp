@@ -13,7 +13,9 @@ ExecContext current_context() {
 
 namespace {
 int switch_device(const ExecContext& ctx) {
-  LSTM_REQUIRE(ctx.device == Device::CUDA, "a GPU call got a " << device_name(ctx.device) << " execution context");
+  LSTM_REQUIRE(ctx.device == Device::CUDA, "a GPU backend's call needs a " << device_name(Device::CUDA)
+                                                                          << " execution context, got a "
+                                                                          << device_name(ctx.device) << " one");
   int cur = 0;
   LSTM_CUDA_CHECK(cudaGetDevice(&cur));
   if (cur == ctx.device_index) return -1;

@@ -80,7 +80,7 @@ bool GraphRunner::fastest(const GraphCache& gc, double* gpu_us, double* host_us)
   return true;
 }
 
-bool GraphRunner::replay(GraphCache& gc, std::initializer_list<const void*> key, std::initializer_list<Stage> stages,
+bool GraphRunner::replay(GraphCache& gc, std::span<const void* const> key, std::initializer_list<Stage> stages,
                          Issue issue, Describe what) {
   if (mode_ == GraphMode::Off || gc.state_ == GraphCache::kEager) return false;
   LSTM_CHECK(stages.size() <= kMaxStages, "a graphed call stages " << stages.size() << " inputs, at most "

@@ -169,8 +169,12 @@ class GraphRunner {
   // the graph recorded for key + the stage buffers (capturing `issue` first when none is). False
   // when the call is to run eagerly (graphs off, undecided, eager, or given up just now): then
   // the caller runs it through eager().
+  bool replay(GraphCache& gc, std::span<const void* const> key, std::initializer_list<Stage> stages, Issue issue,
+              Describe what);
   bool replay(GraphCache& gc, std::initializer_list<const void*> key, std::initializer_list<Stage> stages,
-              Issue issue, Describe what);
+              Issue issue, Describe what) {
+    return replay(gc, std::span<const void* const>(key.begin(), key.size()), stages, issue, what);
+  }
   // Runs `run` (one call's work, issued eagerly on cuda::stream()), measuring it when it is one of
   // the calls an undecided cache under "auto" measures (the second to the (kSamples+1)-th).
   void eager(GraphCache& gc, FnRef<void()> run);

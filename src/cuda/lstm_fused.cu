@@ -32,6 +32,7 @@
 #include "core/cuda_rt.hpp"
 #include "cuda/cublas_util.hpp"
 #include "cuda/exec.hpp"
+#include "cuda/graph_cache.hpp"
 #include "cuda/lstm_fused_kernels.cuh"
 #include "cudnn/lstm_cudnn_kernels.hpp"
 
@@ -288,8 +289,9 @@ struct WeightPtrs {
 template <class E>
 class FusedLstm final : public LstmBackend {
  public:
-  FusedLstm(const LstmSpec& spec, DType dtype, Device device, bool allow_tf32)
+  FusedLstm(const LstmSpec& spec, DType dtype, Device device, bool allow_tf32, GraphMode graphs)
       : LstmBackend(spec, dtype, device),
+        graphs_(graphs, "fused graphs"),
         L_(spec.num_layers),
         D_(spec.directions()),
         H_(spec.hidden_size),
@@ -316,7 +318,14 @@ class FusedLstm final : public LstmBackend {
 
   Algo algo() const override { return Algo::Fused; }
   std::string name() const override { return "fused"; }
-  std::string last_run() const override { return last_run_; }
+  // "fused" or "fused:wavefront", then how the call ran: "replayed" (a CUDA graph) or "eager".
+  std::string last_run() const override {
+    if (!*last_run_) return "";
+    return std::string(last_run_) + (*graphs_.last() ? std::string(", ") + graphs_.last() : std::string());
+  }
+  std::string log() const override { return graphs_.log(); }
+  bool settled() const override { return settled_fwd_ && settled_bwd_; }
+  GraphCounts graph_counts() const override { return graphs_.counts(); }
 
   LstmOutput forward(const std::vector<Tensor>& weights, const LstmInput& in, bool training, Rng* rng,
                      std::unique_ptr<LstmSaved>* saved, const ExecContext& ctx) override;
@@ -339,6 +348,15 @@ class FusedLstm final : public LstmBackend {
   }
 
   void ensure_lanes(int device);
+  // The graph cache of a kind of call for (T, B) and, for forwards, the lengths (their values are
+  // kernel arguments, baked into a captured graph). Bounded: lengths that change with every batch
+  // would otherwise pile caches up that never replay.
+  enum class Call { Infer, TrainForward, Backward };
+  GraphCache& graph_cache(Call kind, int64_t Tn, int64_t B, const std::vector<int32_t>* len);
+  // The key of a graphed call: the buffers `fixed` plus every weight (and gradient) pointer, in a
+  // member vector so that a steady loop allocates nothing for it.
+  std::span<const void* const> graph_key(std::initializer_list<const void*> fixed, const std::vector<Tensor>& a,
+                                         const std::vector<Tensor>* b);
   void check_dims(int64_t Tn, int64_t B) const;
   void upload_lengths(const LstmInput& in, int64_t Tn, int64_t B, int32_t* dst);
 
@@ -370,6 +388,17 @@ class FusedLstm final : public LstmBackend {
   const size_t n_lanes_;
   std::vector<LstmSpec::Slots> slots_;
 
+  GraphRunner graphs_;
+  struct CacheEntry {
+    Call kind;
+    int64_t T, B;
+    std::vector<int32_t> len;
+    GraphCache cache;
+  };
+  std::vector<CacheEntry> caches_;
+  std::vector<const void*> key_;
+  bool settled_fwd_ = true, settled_bwd_ = true;
+
   int lane_device_ = -1;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::unique_ptr<Event> fork_, release_;
@@ -383,6 +412,25 @@ class FusedLstm final : public LstmBackend {
   std::vector<int32_t> host_len_;
   const char* last_run_ = "";
 };
+
+template <class E>
+GraphCache& FusedLstm<E>::graph_cache(Call kind, int64_t Tn, int64_t B, const std::vector<int32_t>* len) {
+  for (auto& c : caches_)
+    if (c.kind == kind && c.T == Tn && c.B == B && (!len || c.len == *len)) return c.cache;
+  if (caches_.size() >= 16) caches_.clear();
+  caches_.push_back({kind, Tn, B, len ? *len : std::vector<int32_t>{}, GraphCache()});
+  return caches_.back().cache;
+}
+
+template <class E>
+std::span<const void* const> FusedLstm<E>::graph_key(std::initializer_list<const void*> fixed,
+                                                     const std::vector<Tensor>& a, const std::vector<Tensor>* b) {
+  key_.assign(fixed.begin(), fixed.end());
+  for (const auto& t : a) key_.push_back(t.raw());
+  if (b)
+    for (const auto& t : *b) key_.push_back(t.raw());
+  return {key_.data(), key_.size()};
+}
 
 template <class E>
 void FusedLstm<E>::ensure_lanes(int device) {
@@ -415,7 +463,7 @@ void FusedLstm<E>::upload_lengths(const LstmInput& in, int64_t Tn, int64_t B, in
   for (int64_t b = 0; b < B; ++b)
     host_len_[static_cast<size_t>(b)] =
         static_cast<int32_t>(in.lengths.empty() ? Tn : in.lengths[static_cast<size_t>(b)]);
-  upload_int32(dst, host_len_.data(), B);
+  if (dst) upload_int32(dst, host_len_.data(), B);
 }
 
 template <class E>
@@ -615,11 +663,18 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   Carver sc(sv ? sv->memory.get() : nullptr), wc(work.get());
   const ForwardPtrs<E> p = carve_forward(sc, wc, Tn, B, save, dropout, static_cast<E*>(out.output.raw()));
 
-  upload_lengths(in, Tn, B, p.len);
-  launch_relayout<E, E>(s0, static_cast<const E*>(in.x.raw()), p.x0, Tn, B, I_, bf, false, p.len);
-
+  upload_lengths(in, Tn, B, nullptr);  // the host copy: the graph cache is chosen by it
   const E* h0 = in.h0.defined() ? static_cast<const E*>(in.h0.raw()) : nullptr;
   const E* c0 = in.c0.defined() ? static_cast<const E*>(in.c0.raw()) : nullptr;
+  // Everything below issues work only (no allocation, no host reads of the GPU), onto the engine
+  // stream (ctx's, or the graph runner's capture stream) and the lanes forked from it, so that a
+  // call can be captured as a CUDA graph and replayed. x is read from `x` (the caller's tensor, or
+  // the graph cache's staged copy).
+  auto issue = [&](const E* x) {
+  const cudaStream_t s0 = cuda::stream();
+  upload_int32(p.len, host_len_.data(), B);
+  launch_relayout<E, E>(s0, x, p.x0, Tn, B, I_, bf, false, p.len);
+
   E* h_n = static_cast<E*>(out.h_n.raw());
   E* c_n = static_cast<E*>(out.c_n.raw());
   auto dir_of = [&](int64_t l, int64_t d) -> const DirPtrs<E>& { return p.dirs[static_cast<size_t>(l * D_ + d)]; };
@@ -687,6 +742,36 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
     fork.join();
   }
   if (bf) launch_relayout<E, E>(s0, p.y[L_ - 1], static_cast<E*>(out.output.raw()), Tn, B, D_ * Hout_, false, true, p.len);
+  };
+
+  // Dropout's seed is a kernel argument: such calls stay eager (a replay would reuse the mask).
+  if (graphs_.mode() != GraphMode::Off && !dropout) {
+    GraphCache& gc = graph_cache(save ? Call::TrainForward : Call::Infer, Tn, B, &host_len_);
+    const auto key = graph_key({out.output.raw(), out.h_n.raw(), out.c_n.raw(), work.get(),
+                                sv ? sv->memory.get() : nullptr, h0, c0},
+                               weights, nullptr);
+    auto fill_x = [&](void* dst) {
+      LSTM_CUDA_CHECK(cudaMemcpyAsync(dst, in.x.raw(), in.x.nbytes(), cudaMemcpyDeviceToDevice, cuda::stream()));
+    };
+    auto graphed = [&](std::span<void* const> st) -> std::string {
+      try {
+        issue(static_cast<const E*>(st[0]));
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "";
+    };
+    auto describe = [&] {
+      return "T " + std::to_string(Tn) + ", B " + std::to_string(B) + (save ? ", training forward" : ", inference");
+    };
+    if (!graphs_.replay(gc, key, {{in.x.nbytes(), fill_x}}, graphed, describe))
+      graphs_.eager(gc, [&] { issue(static_cast<const E*>(in.x.raw())); });
+    settled_fwd_ = graphs_.settled(&gc);
+  } else {
+    issue(static_cast<const E*>(in.x.raw()));
+    graphs_.ran_eager();
+    settled_fwd_ = true;
+  }
 
   if (sv) {
     sv->owner = this;
@@ -869,15 +954,22 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
   float *dy_cur = nullptr, *dy_next = nullptr;
   const std::vector<BackwardLanePtrs<E>> bps = carve_backward(wc, Tn, B, &dy_cur, &dy_next);
   const int32_t* len = sv.p.len;
-  if (d_out.defined())
-    launch_relayout<E, float>(s0, static_cast<const E*>(d_out.raw()), dy_cur, Tn, B, D_ * Hout_, bf, false, len);
-  else
-    LSTM_CUDA_CHECK(cudaMemsetAsync(dy_cur, 0, static_cast<size_t>(Tn * B * D_ * Hout_) * sizeof(float), s0));
-
   const E* dhn = d_hn.defined() ? static_cast<const E*>(d_hn.raw()) : nullptr;
   const E* dcn = d_cn.defined() ? static_cast<const E*>(d_cn.raw()) : nullptr;
   E* dh0 = r.d_h0.defined() ? static_cast<E*>(r.d_h0.raw()) : nullptr;
   E* dc0 = r.d_c0.defined() ? static_cast<E*>(r.d_c0.raw()) : nullptr;
+  float* const dy_first = dy_cur;
+  float* const dy_second = dy_next;
+  // Issues the whole backward (see the forward's issue); d_output is read from `dy_in`.
+  auto issue = [&](const E* dy_in) {
+  const cudaStream_t s0 = cuda::stream();
+  float* dy_cur = dy_first;
+  float* dy_next = dy_second;
+  if (dy_in)
+    launch_relayout<E, float>(s0, dy_in, dy_cur, Tn, B, D_ * Hout_, bf, false, len);
+  else
+    LSTM_CUDA_CHECK(cudaMemsetAsync(dy_cur, 0, static_cast<size_t>(Tn * B * D_ * Hout_) * sizeof(float), s0));
+
   const DropoutParams drop = dropout_params(spec().dropout);
   {
     LaneFork fork(s0, fork_->get(), lanes_, static_cast<size_t>(D_));
@@ -917,6 +1009,34 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
   }
   // dy_cur is now layer 0's dx.
   launch_relayout<float, E>(s0, dy_cur, static_cast<E*>(r.d_x.raw()), Tn, B, I_, false, bf, len);
+  };
+
+  const E* dy_user = d_out.defined() ? static_cast<const E*>(d_out.raw()) : nullptr;
+  if (graphs_.mode() != GraphMode::Off && !sv.dropout) {
+    GraphCache& gc = graph_cache(Call::Backward, Tn, B, nullptr);
+    const auto key = graph_key({r.d_x.raw(), dh0, dc0, dhn, dcn, work.get(), sv.memory.get(), dy_user ? "dy" : nullptr},
+                               weights, &d_weights);
+    auto graphed = [&](std::span<void* const> st) -> std::string {
+      try {
+        issue(st.empty() ? nullptr : static_cast<const E*>(st[0]));
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "";
+    };
+    auto describe = [&] { return "T " + std::to_string(Tn) + ", B " + std::to_string(B) + ", backward"; };
+    auto fill_dy = [&](void* dst) {
+      LSTM_CUDA_CHECK(cudaMemcpyAsync(dst, d_out.raw(), d_out.nbytes(), cudaMemcpyDeviceToDevice, cuda::stream()));
+    };
+    const bool replayed = dy_user ? graphs_.replay(gc, key, {{d_out.nbytes(), fill_dy}}, graphed, describe)
+                                  : graphs_.replay(gc, key, {}, graphed, describe);
+    if (!replayed) graphs_.eager(gc, [&] { issue(dy_user); });
+    settled_bwd_ = graphs_.settled(&gc);
+  } else {
+    issue(dy_user);
+    graphs_.ran_eager();
+    settled_bwd_ = true;
+  }
 
   // The saved buffers go back to the arena now. The arena hands them out again on the forward's
   // stream, so that stream must not run ahead of this backward when it is another one.
@@ -947,9 +1067,11 @@ std::unique_ptr<LstmBackend> make_fused_lstm_backend(const LstmSpec& spec, DType
   const std::string why = fused_lstm_unsupported(spec, dtype, device);
   LSTM_REQUIRE(why.empty(), "fused LSTM: " << why);
   switch (dtype) {
-    case DType::F32: return std::make_unique<FusedLstm<float>>(spec, dtype, device, options.allow_tf32);
-    case DType::BF16: return std::make_unique<FusedLstm<__nv_bfloat16>>(spec, dtype, device, false);
-    default: return std::make_unique<FusedLstm<__half>>(spec, dtype, device, false);
+    case DType::F32:
+      return std::make_unique<FusedLstm<float>>(spec, dtype, device, options.allow_tf32, options.cuda_graphs);
+    case DType::BF16:
+      return std::make_unique<FusedLstm<__nv_bfloat16>>(spec, dtype, device, false, options.cuda_graphs);
+    default: return std::make_unique<FusedLstm<__half>>(spec, dtype, device, false, options.cuda_graphs);
   }
 }
 

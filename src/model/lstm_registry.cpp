@@ -8,9 +8,7 @@
 #include "model/lstm_auto.hpp"
 #if LSTM_HAVE_CUDA
 #include "cuda/lstm_naive.hpp"
-#if LSTM_WITH_NEW_ROWS
 #include "cuda/lstm_fused.hpp"
-#endif
 #include "cudnn/lstm_cudnn.hpp"
 #endif
 
@@ -68,7 +66,6 @@ std::vector<LstmBackendEntry> build_registry() {
                       return make_cudnn_lstm_backend(s, dt, dev, pinned(o));
                     }});
   }
-#if LSTM_WITH_NEW_ROWS
   rows.push_back({"fused", Algo::Fused,
                   "GPU, F32/TF32/BF16/F16: our kernels: one recurrent GEMM and one fused pointwise kernel per "
                   "step, one input GEMM per layer, directions on two streams, a wavefront across layers",
@@ -79,7 +76,6 @@ std::vector<LstmBackendEntry> build_registry() {
                   [](const LstmSpec& s, DType dt, Device dev, const LstmOptions& o) {
                     return cuda::make_fused_lstm_backend(s, dt, dev, o);
                   }});
-#endif
 #endif
   return rows;
 }
