@@ -65,8 +65,9 @@ struct Case {
   bool d_output = true, d_h_n = true, d_c_n = true;
 };
 
+// The [[maybe_unused]] helpers are called only from test bodies under #if LSTM_HAVE_CUDA.
 // Small shapes that the persistent algorithms take too (hidden 64, batch up to 8).
-std::vector<Case> all_cases() {
+[[maybe_unused]] std::vector<Case> all_cases() {
   std::vector<Case> c;
   c.push_back({"uni_l1", make_spec(32, 64, 1, false), 9, 4, {}, false});
   c.push_back({"bi_l2_h0_varlen", make_spec(32, 64, 2, true), 9, 5, {9, 3, 1, 7, 9}, true});
@@ -108,7 +109,7 @@ void poison_rows(Tensor& t, const LstmSpec& s, const std::vector<int64_t>& len, 
       for (int64_t j = 0; j < W; ++j) t.set(row * W + j, kNaN);
 }
 
-Problem make_problem(const Case& c, uint64_t seed) {
+[[maybe_unused]] Problem make_problem(const Case& c, uint64_t seed) {
   Rng rng(seed);
   Problem p;
   p.spec = c.spec;
@@ -160,7 +161,7 @@ struct Result {
 
 Tensor f64(const Tensor& t) { return t.defined() ? t.cpu().to(DType::F64) : Tensor(); }
 
-Result run_reference(const Problem& p) {
+[[maybe_unused]] Result run_reference(const Problem& p) {
   LstmBackend& be = lstm_backend(Algo::Reference, p.spec, DType::F64, Device::CPU);
   Rng rng(3);
   std::unique_ptr<LstmSaved> saved;
@@ -190,7 +191,7 @@ void poison_arena(const std::vector<Shape>& shapes, DType dt) {
 
 // Forward (training, saved) + backward on the GPU. flat: weights and d_weights as views into the
 // backend's flat layout (used in place); otherwise separate tensors (copied in, added out).
-Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
+[[maybe_unused]] Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
   const LstmSpec& s = p.spec;
   std::vector<Tensor> w, dw;
   const auto layout = flat ? be.flat_layout(s, dt) : LstmBackend::FlatLayout{};
@@ -237,7 +238,7 @@ Result run_gpu(LstmBackend& be, const Problem& p, DType dt, bool flat) {
 }
 
 // An inference forward of p (weights, x, lengths, h0/c0) through `be`, in dtype dt on the GPU.
-LstmOutput infer_gpu(LstmBackend& be, const Problem& p, DType dt) {
+[[maybe_unused]] LstmOutput infer_gpu(LstmBackend& be, const Problem& p, DType dt) {
   std::vector<Tensor> w;
   for (const auto& t : p.w) w.push_back(on_gpu(t, dt));
   const LstmInput in{on_gpu(p.in.x, dt), p.in.lengths, on_gpu(p.in.h0, dt), on_gpu(p.in.c0, dt)};
@@ -264,7 +265,7 @@ void expect_zero_past_lengths(const Tensor& t, const LstmSpec& s, const std::vec
   }
 }
 
-void compare(const Result& gpu, const Result& ref, const Problem& p, double tol) {
+[[maybe_unused]] void compare(const Result& gpu, const Result& ref, const Problem& p, double tol) {
   const LstmSpec& s = p.spec;
   const int64_t B = s.batch_first ? p.in.x.size(0) : p.in.x.size(1);
   const int64_t T = s.batch_first ? p.in.x.size(1) : p.in.x.size(0);

@@ -41,6 +41,7 @@ struct GraphCase {
   std::string algo;  // cuDNN's algorithm
 };
 
+#if LSTM_HAVE_CUDA
 std::vector<GraphCase> graph_cases() {
   return {
       {"uni_l1_standard", make_spec(32, 64, 1, false), 12, 4, {}, false, "standard"},
@@ -108,7 +109,6 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 
 Tensor f64(const Tensor& t) { return t.defined() ? t.cpu().to(DType::F64) : Tensor(); }
 
-#if LSTM_HAVE_CUDA
 std::unique_ptr<LstmBackend> cudnn(const std::string& algo, const std::string& graphs) {
   LstmOptions o;
   o.algo = Algo::Cudnn;
