@@ -6,6 +6,8 @@
 #   default  build/      CUDA auto-detected (on where nvcc is found), Release; ctest
 #   cpu      build-cpu/  -DLSTM_CUDA=OFF (what a machine without nvcc builds), Release; ctest.
 #                        Skipped when the default part ran here and found no CUDA: the same build.
+#   asan     build-asan/ -DLSTM_CUDA=OFF -DLSTM_SANITIZE=ON (GCC, ASan+UBSan, RelWithDebInfo;
+#                        no benchmarks or examples); ctest. Any sanitizer report fails its test.
 #
 #   bash scripts/test.sh              # every part, in the order above
 #   bash scripts/test.sh cpu          # one part (or several: bash scripts/test.sh default cpu)
@@ -17,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
-ALL_PARTS=(default cpu)
+ALL_PARTS=(default cpu asan)
 JOBS=${LSTM_TEST_JOBS:-$(nproc)}
 if (($#)); then
   parts=("$@")
@@ -56,6 +58,13 @@ part_cpu() {
     return 0
   fi
   build_and_test build-cpu -DCMAKE_BUILD_TYPE=Release -DLSTM_CUDA=OFF
+}
+
+part_asan() {
+  # Reports abort the test that made them, with a stack; LeakSanitizer runs at each exit.
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1} \
+    build_and_test build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLSTM_CUDA=OFF -DLSTM_SANITIZE=ON \
+    -DLSTM_BUILD_BENCH=OFF -DLSTM_BUILD_EXAMPLES=OFF
 }
 
 summary=()
