@@ -8,18 +8,21 @@
 #                        Skipped when the default part ran here and found no CUDA: the same build.
 #   asan     build-asan/ -DLSTM_CUDA=OFF -DLSTM_SANITIZE=ON (GCC, ASan+UBSan, RelWithDebInfo;
 #                        no benchmarks or examples); ctest. Any sanitizer report fails its test.
+#   fuzz     build-fuzz/ scripts/fuzz.sh: clang, libFuzzer, ASan+UBSan; replays
+#                        tests/fuzz/regressions/, then fuzzes each parser LSTM_FUZZ_SECONDS (60)
+#                        (docs/FUZZING.md). Any finding fails the part.
 #
 #   bash scripts/test.sh              # every part, in the order above
 #   bash scripts/test.sh cpu          # one part (or several: bash scripts/test.sh default cpu)
 #   LSTM_TEST_PARTS="cpu" bash scripts/test.sh   # the same, for callers that pass no arguments
 #
-# Environment: LSTM_TEST_JOBS (build and ctest parallelism, default nproc).
+# Environment: LSTM_TEST_JOBS (build and ctest parallelism, default nproc); fuzz: scripts/fuzz.sh's.
 # A failing part does not stop the others; the exit status is non-zero when any part failed.
 # Each part's time is printed as it ends and again in the summary at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
-ALL_PARTS=(default cpu asan)
+ALL_PARTS=(default cpu asan fuzz)
 JOBS=${LSTM_TEST_JOBS:-$(nproc)}
 if (($#)); then
   parts=("$@")
@@ -65,6 +68,10 @@ part_asan() {
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1} \
     build_and_test build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLSTM_CUDA=OFF -DLSTM_SANITIZE=ON \
     -DLSTM_BUILD_BENCH=OFF -DLSTM_BUILD_EXAMPLES=OFF
+}
+
+part_fuzz() {
+  bash scripts/fuzz.sh
 }
 
 summary=()
