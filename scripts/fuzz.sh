@@ -10,8 +10,9 @@
 #   1. replay: every file in tests/fuzz/regressions/<target>/ is run once (inputs that once
 #      crashed a parser; each must now pass);
 #   2. fuzz: LSTM_FUZZ_SECONDS of libFuzzer from the seeds in tests/fuzz/corpus/<target>/ (and the
-#      regression inputs; for safetensors also tests/fixtures/); new coverage goes to
-#      BUILD_DIR/corpus/<target>/, never into the repository.
+#      regression inputs; for safetensors also tests/fixtures/), with tests/fuzz/<target>.dict
+#      where there is one; new coverage goes to BUILD_DIR/corpus/<target>/, never into the
+#      repository.
 # A finding (crash, sanitizer report, an exception other than lstm::Error, leak, timeout, out of
 # memory) fails the run; the input is saved under FINDINGS/<target>/ and its path, size and a
 # replay command are printed, with libFuzzer's report, in the log.
@@ -80,12 +81,14 @@ run_target() {
     echo "replay: ${#replay[@]} regression inputs from $regress"
     TMPDIR=$tmp "$bin" "${common[@]}" -artifact_prefix="$out" "${replay[@]}" || return 1
   fi
+  local dict=()
+  [[ -f "tests/fuzz/$t.dict" ]] && dict=(-dict="tests/fuzz/$t.dict")
   local dirs=("$work" "$seeds")
   ((${#replay[@]})) && dirs+=("$regress")
   [[ "$t" == safetensors ]] && dirs+=(tests/fixtures)
   echo "fuzz: ${SECONDS_EACH}s from ${dirs[*]:1}"
-  TMPDIR=$tmp "$bin" "${common[@]}" -max_total_time="$SECONDS_EACH" -artifact_prefix="$out" "${extra[@]}" \
-    "${dirs[@]}"
+  TMPDIR=$tmp "$bin" "${common[@]}" "${dict[@]}" -max_total_time="$SECONDS_EACH" -artifact_prefix="$out" \
+    "${extra[@]}" "${dirs[@]}"
 }
 
 # Prints what a failed target left: the report's head and every input saved for it.

@@ -21,7 +21,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     const nlohmann::json cfg = lstm::resolve_train_config(user);
-    for (const auto& layer : cfg["model"]["layers"]) (void)lstm::layer_from_json(layer);
+    const nlohmann::json& layers = cfg["model"]["layers"];
+    for (size_t i = 0; i < layers.size(); ++i) {
+      nlohmann::json layer = layers[i];
+      // As the trainer does: a last dense layer without out_features gets the data's class count.
+      if (i + 1 == layers.size() && layer.is_object() && layer.contains("type") && layer["type"] == "dense" &&
+          !layer.contains("out_features"))
+        layer["out_features"] = 2;
+      (void)lstm::layer_from_json(layer);
+    }
   } catch (const lstm::Error&) {
   }
   return 0;
