@@ -97,12 +97,13 @@ report_finding() {
   log "$t: FINDING (full log: $logf)"
   grep -m1 -B2 -A40 -E "^==[0-9]+==ERROR|runtime error:|^==[0-9]+== ERROR|deadly signal|uncaught exception|terminate called|out-of-memory|timeout after|^SUMMARY" "$logf" \
     | head -n 60
-  for f in "$FINDINGS/$t"/*; do
-    [[ -f "$f" ]] || continue
+  # Only this run's: the folder keeps earlier runs' inputs too.
+  find "$FINDINGS/$t" -type f -newer "$BUILD/logs/.start" | while read -r f; do
     echo "  saved input: $f ($(stat -c %s "$f") bytes); replay: $BUILD/tests/fuzz/fuzz_$t $f"
   done
 }
 
+touch "$BUILD/logs/.start"
 log "targets: ${targets[*]}; ${SECONDS_EACH}s each, $JOBS at a time; findings go to $FINDINGS"
 failed=()
 running=0
