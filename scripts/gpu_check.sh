@@ -14,6 +14,9 @@
 #            else BUILD_DIR/bin/bench_cpu_lstm; bench_gpu_lstm likewise ($LSTM_BENCH_GPU).
 # Sections (all run by default): tests, interop, cpu_bench, gpu_bench (GPU LSTM harness over
 # bench/suites.json + torch.nn.LSTM on the GPU + gpu_report.py; bench/README.md).
+# Opt-in section: sanitizer (compute-sanitizer over the GPU test executables: memcheck on every
+# kernel, racecheck and synccheck on our own kernels; select it with LSTM_CHECK_SECTIONS, e.g.
+# "tests sanitizer"; it is 10-100x slower than the tests alone, so trim it with the variables below).
 # OUT_DIR receives:
 #   ctest.xml (or gtest/*.xml), logs/*.log, bench/*.jsonl (one JSON row per case),
 #   compare/*.json, report.d/*.md (fragments), *.png, gpu_results.json, results.json, report.md.
@@ -63,6 +66,15 @@
 #                             that no cell inherits a power-capped clock from the one before
 #   LSTM_GPU_CHECK_SUITES     suites checked against the float64 CPU reference (default "paper")
 #   LSTM_GPU_BENCH_ARGS / LSTM_GPU_TORCH_ARGS   extra arguments for bench_gpu_lstm / bench_gpu_torch.py
+# sanitizer:
+#   LSTM_COMPUTE_SANITIZER    path of compute-sanitizer (default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)
+#   LSTM_SANITIZER_TOOLS      tools to run, in order (default "memcheck racecheck synccheck")
+#   LSTM_SANITIZER_TESTS      test executables (names or globs, default "test_gpu_*")
+#   LSTM_SANITIZER_FILTER     --gtest_filter for them (default: every test)
+#   LSTM_SANITIZER_OWN_KERNELS  compute-sanitizer --kernel-name filter for racecheck/synccheck
+#                             (default kns=_ZN4lstm4cuda: the mangled prefix of namespace lstm::cuda)
+#   LSTM_SANITIZER_TIMEOUT    seconds allowed per (tool, executable) run (default 900)
+#   LSTM_SANITIZER_ARGS       extra compute-sanitizer arguments, e.g. "--leak-check full"
 #
 # Adding a section (e.g. a GPU bench): write section_<name>() below, which may write
 # bench/<name>*.jsonl, compare/<name>.json, report.d/NN_<name>.md and *.png under $OUT, logs under
@@ -96,6 +108,28 @@ log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
 have_python() { command -v "$PYTHON" >/dev/null 2>&1; }
 NOTE=""  # a section sets this to a short remark for the section table
 
+# The folders test executables are looked for in, in order.
+test_bin_dirs() {
+  [[ -n "${LSTM_TEST_BIN_DIR:-}" ]] && echo "$LSTM_TEST_BIN_DIR"
+  echo "$BUILD_DIR/tests"
+  echo "$BUILD_DIR/bin"
+}
+
+# Prints, one per line, the executables matching the globs given, from the first folder of
+# test_bin_dirs that has any.
+find_test_bins() {
+  local d pat f found=0
+  while read -r d; do
+    for pat in "$@"; do
+      for f in "$d"/$pat; do
+        [[ -f "$f" && -x "$f" ]] && { echo "$f"; found=1; }
+      done
+    done
+    (( found )) && return 0
+  done < <(test_bin_dirs)
+  return 0
+}
+
 # ---------------------------------------------------------------------------------------------
 # section: tests
 # ---------------------------------------------------------------------------------------------
@@ -121,18 +155,10 @@ section_tests() {
     return "$rc"
   fi
 
-  local dirs=()
-  [[ -n "${LSTM_TEST_BIN_DIR:-}" ]] && dirs+=("$LSTM_TEST_BIN_DIR")
-  dirs+=("$BUILD_DIR/tests" "$BUILD_DIR/bin")
-  local bins=() d f
-  for d in "${dirs[@]}"; do
-    for f in "$d"/test_*; do
-      [[ -f "$f" && -x "$f" ]] && bins+=("$f")
-    done
-    (( ${#bins[@]} )) && break
-  done
+  local bins=()
+  mapfile -t bins < <(find_test_bins "test_*")
   if (( ${#bins[@]} == 0 )); then
-    NOTE="no tests found (no CTestTestfile.cmake, no test_* in ${dirs[*]})"
+    NOTE="no tests found (no CTestTestfile.cmake, no test_* in $(test_bin_dirs))"
     log "$NOTE"
     write_tests_fragment
     return 1
@@ -162,6 +188,84 @@ write_tests_fragment() {
       echo '```'
     fi
   } >"$OUT/report.d/10_tests.md"
+}
+
+# ---------------------------------------------------------------------------------------------
+# section: sanitizer (compute-sanitizer over the GPU tests; opt-in)
+# ---------------------------------------------------------------------------------------------
+find_compute_sanitizer() {
+  local c
+  for c in "${LSTM_COMPUTE_SANITIZER:-}" "$(command -v compute-sanitizer 2>/dev/null)" \
+           "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer \
+           /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [[ -n "$c" && -x "$c" ]] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+section_sanitizer() {
+  local cs
+  cs=$(find_compute_sanitizer) || {
+    NOTE="compute-sanitizer not found (set LSTM_COMPUTE_SANITIZER)"
+    log "$NOTE"
+    return 1
+  }
+  local bins=() pats=()
+  read -r -a pats <<<"${LSTM_SANITIZER_TESTS:-test_gpu_*}"
+  mapfile -t bins < <(find_test_bins "${pats[@]}")
+  if (( ${#bins[@]} == 0 )); then
+    NOTE="no GPU test executables (${pats[*]}) in $(test_bin_dirs | tr '\n' ' ')"
+    log "$NOTE"
+    return 1
+  fi
+  local extra=() filter=()
+  [[ -n "${LSTM_SANITIZER_ARGS:-}" ]] && read -r -a extra <<<"$LSTM_SANITIZER_ARGS"
+  [[ -n "${LSTM_SANITIZER_FILTER:-}" ]] && filter=(--gtest_filter="$LSTM_SANITIZER_FILTER")
+  local own=${LSTM_SANITIZER_OWN_KERNELS:-kns=_ZN4lstm4cuda} limit=${LSTM_SANITIZER_TIMEOUT:-900}
+  # A distinct exit code tells a sanitizer report from a test that failed under the tool.
+  local found=86 tool b name logf r rc=0 reports=0 failed=0 runs=0 summary
+  mkdir -p "$OUT/logs/sanitizer"
+  : >"$OUT/logs/sanitizer.log"
+  for tool in ${LSTM_SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
+    local scope=()
+    case $tool in
+      # Every kernel: an out-of-bounds access in cuDNN's kernels is ours when we passed the sizes.
+      # API errors are left out: every CUDA call of ours is checked and throws, and the libraries
+      # probe with calls that are meant to fail.
+      memcheck) scope=(--report-api-errors no) ;;
+      # Shared-memory races and barrier misuse: only kernels we wrote can be fixed here.
+      racecheck | synccheck) scope=(--kernel-name "$own") ;;
+      *) log "sanitizer: unknown tool '$tool' (memcheck, racecheck, synccheck, initcheck)"; rc=1; continue ;;
+    esac
+    for b in "${bins[@]}"; do
+      name=$(basename "$b")
+      logf="$OUT/logs/sanitizer/${tool}_$name.log"
+      log "compute-sanitizer --tool $tool $name"
+      runs=$((runs + 1))
+      timeout "$limit" "$cs" --tool "$tool" "${scope[@]}" --target-processes all --error-exitcode "$found" \
+        "${extra[@]}" "$b" "${filter[@]}" >"$logf" 2>&1
+      r=$?
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logf" | tail -n 1)
+      printf '%s %s: exit %d; %s\n' "$tool" "$name" "$r" "${summary:-no summary}" >>"$OUT/logs/sanitizer.log"
+      case $r in
+        0) ;;
+        "$found") reports=$((reports + 1)); rc=1; log "$tool $name: REPORTS ($summary; logs/sanitizer/${tool}_$name.log)" ;;
+        124) failed=$((failed + 1)); rc=1; log "$tool $name: time limit ${limit}s hit" ;;
+        *) failed=$((failed + 1)); rc=1; log "$tool $name: exit $r, tests failed under the tool (logs/sanitizer/${tool}_$name.log)" ;;
+      esac
+    done
+  done
+  NOTE="$runs runs over ${#bins[@]} executables; $reports with sanitizer reports, $failed failed or timed out"
+  {
+    echo "## compute-sanitizer"
+    echo
+    echo "Tools: ${LSTM_SANITIZER_TOOLS:-memcheck racecheck synccheck} (racecheck/synccheck: $own). $NOTE."
+    echo
+    echo '```'
+    cat "$OUT/logs/sanitizer.log"
+    echo '```'
+  } >"$OUT/report.d/15_sanitizer.md"
+  return "$rc"
 }
 
 # ---------------------------------------------------------------------------------------------

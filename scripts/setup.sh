@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 mode=${1:-run}
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp nlohmann-json3-dev libcli11-dev
-      libgtest-dev libgmock-dev libbenchmark-dev fortunes fortunes-min python3)
+      libgtest-dev libgmock-dev libbenchmark-dev fortunes fortunes-min python3
+      clang-14 libclang-rt-14-dev libomp-14-dev)  # clang: the fuzz targets (libFuzzer, its OpenMP)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

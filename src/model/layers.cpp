@@ -593,7 +593,7 @@ class Dropout final : public LayerBase {
  private:
   double p_;
   Tensor mask_;
-  uint64_t seed_ = 0;
+  [[maybe_unused]] uint64_t seed_ = 0;  // the GPU path's mask seed; unread without CUDA
   bool gpu_masked_ = false;
 };
 
