@@ -6,9 +6,11 @@
 //   the two directions run on two streams of the instance; a unidirectional stack runs its layers
 //   on a stream each as a wavefront (layer l+1 projects chunks of kWavefrontSteps steps as soon as
 //   layer l has produced them);
-//   backward: per layer top down and direction, a reverse sweep (cell backward kernel + one
-//   dG W_hh GEMM per step), then the weight gradients and the layer's input gradient as GEMMs
-//   over all steps.
+//   backward: per layer and direction a reverse sweep (cell backward kernel + one dG W_hh GEMM
+//   per step), the layer's input gradient dG W_ih and the weight gradients as GEMMs; a
+//   unidirectional stack runs it as a wavefront down the stack (layer l-1 sweeps a chunk of steps
+//   once layer l has swept it and formed its rows of dx), a bidirectional one per layer top down
+//   with the directions on two streams.
 // cuBLAS is column-major; gemm_rm() takes row-major operands like cpu::gemm and swaps them, so
 // every product below reads as the CPU reference's (src/cpu/lstm_reference.cpp).
 #include "cuda/lstm_fused.hpp"
@@ -261,7 +263,7 @@ struct FusedSaved final : LstmSaved {
   mutable bool used = false;
 };
 
-// Backward buffers, one set per direction (its lane) plus the two dy buffers.
+// Backward buffers of one direction (bidirectional) or one layer (unidirectional), on its lane.
 template <class E>
 struct BackwardLanePtrs {
   E* dg = nullptr;            // [T, B, 4H] pre-activation gate gradients
@@ -362,8 +364,11 @@ class FusedLstm final : public LstmBackend {
 
   ForwardPtrs<E> carve_forward(Carver& saved, Carver& work, int64_t Tn, int64_t B, bool save, bool dropout,
                                E* output) const;
-  std::vector<BackwardLanePtrs<E>> carve_backward(Carver& work, int64_t Tn, int64_t B, float** dy_a,
-                                                  float** dy_b) const;
+  // Bidirectional: two ping-pong dy buffers [N, max(D*Hout, I)] and a set per direction.
+  // Unidirectional (the wavefront): dy[l] [N, Hout] per layer (layer l's gradient w.r.t. its
+  // output; dy[l-1] is written by lane l while lane l-1 reads the rows lane l has finished), dy[L]
+  // [N, I] layer 0's dx, and a set per layer.
+  std::vector<BackwardLanePtrs<E>> carve_backward(Carver& work, int64_t Tn, int64_t B, std::vector<float*>* dy) const;
   int64_t colsum_splits(int64_t rows) const { return std::clamp<int64_t>(rows / 256, 1, 64); }
 
   // Forward pieces, each issued on one lane.
@@ -375,10 +380,12 @@ class FusedLstm final : public LstmBackend {
   void step_forward(const Lane& ln, const WeightPtrs<E>& w, const DirPtrs<E>& dp, int64_t d, int64_t t, int64_t B,
                     E* y, const int32_t* len, bool save) const;
 
-  // Backward pieces.
+  // Backward pieces. sweep_backward issues steps [s_begin, s_end) of a direction's reverse sweep
+  // (step s is the s-th one it processes): the first piece starts the carried gradients from
+  // d_h_n/d_c_n, the last one (s_end == T) writes d_h0/d_c0.
   void sweep_backward(const Lane& ln, const WeightPtrs<E>& w, const DirPtrs<E>& dp, const BackwardLanePtrs<E>& bp,
                       int64_t d, int64_t Tn, int64_t B, const float* dy, const int32_t* len, const E* dhn,
-                      const E* dcn, E* dh0, E* dc0) const;
+                      const E* dcn, E* dh0, E* dc0, int64_t s_begin, int64_t s_end) const;
   void weight_grads(const Lane& ln, const FusedSaved<E>& sv, const BackwardLanePtrs<E>& bp, int64_t l, int64_t d,
                     std::vector<Tensor>& dw) const;
 
@@ -516,16 +523,22 @@ ForwardPtrs<E> FusedLstm<E>::carve_forward(Carver& sc, Carver& wc, int64_t Tn, i
 }
 
 template <class E>
-std::vector<BackwardLanePtrs<E>> FusedLstm<E>::carve_backward(Carver& wc, int64_t Tn, int64_t B, float** dy_a,
-                                                              float** dy_b) const {
+std::vector<BackwardLanePtrs<E>> FusedLstm<E>::carve_backward(Carver& wc, int64_t Tn, int64_t B,
+                                                              std::vector<float*>* dy) const {
   const int64_t N = Tn * B;
-  const int64_t width = std::max(D_ * Hout_, I_);
-  *dy_a = wc.take<float>(N * width);
-  *dy_b = wc.take<float>(N * width);
+  dy->clear();
+  if (D_ == 2) {
+    const int64_t width = std::max(D_ * Hout_, I_);
+    dy->push_back(wc.take<float>(N * width));
+    dy->push_back(wc.take<float>(N * width));
+  } else {
+    for (int64_t l = 0; l < L_; ++l) dy->push_back(wc.take<float>(N * Hout_));
+    dy->push_back(wc.take<float>(N * I_));
+  }
   int64_t in_max = 0;
   for (int64_t l = 0; l < L_; ++l) in_max = std::max(in_max, in_size(l));
   const int64_t scratch = std::max({G_ * in_max, G_ * Hout_, P_ * H_});
-  std::vector<BackwardLanePtrs<E>> r(static_cast<size_t>(D_));
+  std::vector<BackwardLanePtrs<E>> r(static_cast<size_t>(D_ == 2 ? 2 : L_));
   for (auto& bp : r) {
     bp.dg = wc.take<E>(N * G_);
     if (P_ > 0) {
@@ -794,12 +807,15 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
 template <class E>
 void FusedLstm<E>::sweep_backward(const Lane& ln, const WeightPtrs<E>& w, const DirPtrs<E>& dp,
                                   const BackwardLanePtrs<E>& bp, int64_t d, int64_t Tn, int64_t B, const float* dy,
-                                  const int32_t* len, const E* dhn, const E* dcn, E* dh0, E* dc0) const {
+                                  const int32_t* len, const E* dhn, const E* dcn, E* dh0, E* dc0, int64_t s_begin,
+                                  int64_t s_end) const {
   const int nh = static_cast<int>(B * Hout_), nc = static_cast<int>(B * H_);
-  grad_init_kernel<E><<<blocks_for(std::max(nh, nc)), kThreads, 0, ln.stream>>>(dhn, dcn, bp.dh, bp.dc, nh, nc);
-  LSTM_CUDA_CHECK_LAUNCH();
+  if (s_begin == 0) {
+    grad_init_kernel<E><<<blocks_for(std::max(nh, nc)), kThreads, 0, ln.stream>>>(dhn, dcn, bp.dh, bp.dc, nh, nc);
+    LSTM_CUDA_CHECK_LAUNCH();
+  }
   const int64_t ldy = D_ * Hout_;
-  for (int64_t s = 0; s < Tn; ++s) {
+  for (int64_t s = s_begin; s < s_end; ++s) {
     // Reverse of the forward's order: forward direction T-1 .. 0, reverse direction 0 .. T-1.
     const int64_t t = d == 0 ? Tn - 1 - s : s;
     const int64_t tp = d == 0 ? t + 1 : t - 1;
@@ -846,7 +862,7 @@ void FusedLstm<E>::sweep_backward(const Lane& ln, const WeightPtrs<E>& w, const 
     gemm_rm(ln.blas, compute_, false, false, B, Hout_, G_, dg_t, dt_, G_, w.hh, dt_, Hout_, 0.f, bp.dhp, CUDA_R_32F,
             Hout_);
   }
-  if (dh0 || dc0) {
+  if (s_end == Tn && (dh0 || dc0)) {
     GradFinishArgs<E> f;
     f.dhp = bp.dhp;
     f.dh = bp.dh;
@@ -941,8 +957,8 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
   auto it = sizes_.find(key);
   if (it == sizes_.end()) {
     Carver wc(nullptr);
-    float *a = nullptr, *b = nullptr;
-    (void)carve_backward(wc, Tn, B, &a, &b);
+    std::vector<float*> dy;
+    (void)carve_backward(wc, Tn, B, &dy);
     it = sizes_.emplace(key, Sizes{0, wc.bytes()}).first;
   }
   LstmGrads r;
@@ -951,28 +967,25 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
   if (sv.has_c0) r.d_c0 = Tensor::empty({LD, B, H_}, dtype(), Device::CUDA);
   DeviceBuffer work(it->second.work);
   Carver wc(work.get());
-  float *dy_cur = nullptr, *dy_next = nullptr;
-  const std::vector<BackwardLanePtrs<E>> bps = carve_backward(wc, Tn, B, &dy_cur, &dy_next);
+  std::vector<float*> dyb;
+  const std::vector<BackwardLanePtrs<E>> bps = carve_backward(wc, Tn, B, &dyb);
   const int32_t* len = sv.p.len;
   const E* dhn = d_hn.defined() ? static_cast<const E*>(d_hn.raw()) : nullptr;
   const E* dcn = d_cn.defined() ? static_cast<const E*>(d_cn.raw()) : nullptr;
   E* dh0 = r.d_h0.defined() ? static_cast<E*>(r.d_h0.raw()) : nullptr;
   E* dc0 = r.d_c0.defined() ? static_cast<E*>(r.d_c0.raw()) : nullptr;
-  float* const dy_first = dy_cur;
-  float* const dy_second = dy_next;
-  // Issues the whole backward (see the forward's issue); d_output is read from `dy_in`.
-  auto issue = [&](const E* dy_in) {
-  const cudaStream_t s0 = cuda::stream();
-  float* dy_cur = dy_first;
-  float* dy_next = dy_second;
-  if (dy_in)
-    launch_relayout<E, float>(s0, dy_in, dy_cur, Tn, B, D_ * Hout_, bf, false, len);
-  else
-    LSTM_CUDA_CHECK(cudaMemsetAsync(dy_cur, 0, static_cast<size_t>(Tn * B * D_ * Hout_) * sizeof(float), s0));
-
   const DropoutParams drop = dropout_params(spec().dropout);
-  {
-    LaneFork fork(s0, fork_->get(), lanes_, static_cast<size_t>(D_));
+  auto dhn_of = [&](int64_t idx) { return dhn ? dhn + idx * B * Hout_ : nullptr; };
+  auto dcn_of = [&](int64_t idx) { return dcn ? dcn + idx * B * H_ : nullptr; };
+  auto dh0_of = [&](int64_t idx) { return dh0 ? dh0 + idx * B * Hout_ : nullptr; };
+  auto dc0_of = [&](int64_t idx) { return dc0 ? dc0 + idx * B * H_ : nullptr; };
+
+  // Bidirectional: per layer top down, the directions at once on lanes 0 and 1; dy ping-pongs
+  // between dyb[0] and dyb[1]. Returns the buffer that holds layer 0's dx.
+  auto issue_bidirectional = [&]() -> float* {
+    float* dy_cur = dyb[0];
+    float* dy_next = dyb[1];
+    LaneFork fork(cuda::stream(), fork_->get(), lanes_, 2);
     const Lane& l0 = *lanes_[0];
     for (int64_t l = L_ - 1; l >= 0; --l) {
       const int64_t In = in_size(l);
@@ -983,17 +996,14 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
         // Lane 1 starts a lower layer once lane 0 has formed its dy (lane 0's latest record).
         if (d == 1 && l < L_ - 1) LSTM_CUDA_CHECK(cudaStreamWaitEvent(ln.stream, l0.mark, 0));
         const int64_t idx = l * D_ + d;
-        sweep_backward(ln, w[d], sv.p.dirs[static_cast<size_t>(idx)], bps[d], d, Tn, B, dy_cur, len,
-                       dhn ? dhn + idx * B * Hout_ : nullptr, dcn ? dcn + idx * B * H_ : nullptr,
-                       dh0 ? dh0 + idx * B * Hout_ : nullptr, dc0 ? dc0 + idx * B * H_ : nullptr);
+        sweep_backward(ln, w[d], sv.p.dirs[static_cast<size_t>(idx)], bps[d], d, Tn, B, dy_cur, len, dhn_of(idx),
+                       dcn_of(idx), dh0_of(idx), dc0_of(idx), 0, Tn);
       }
-      if (D_ == 2) {
-        // Lane 1's weight gradients overlap lane 0's input gradient.
-        const Lane& l1 = *lanes_[1];
-        LSTM_CUDA_CHECK(cudaEventRecord(l1.mark, l1.stream));
-        weight_grads(l1, sv, bps[1], l, 1, d_weights);
-        LSTM_CUDA_CHECK(cudaStreamWaitEvent(l0.stream, l1.mark, 0));
-      }
+      // Lane 1's weight gradients overlap lane 0's input gradient.
+      const Lane& l1 = *lanes_[1];
+      LSTM_CUDA_CHECK(cudaEventRecord(l1.mark, l1.stream));
+      weight_grads(l1, sv, bps[1], l, 1, d_weights);
+      LSTM_CUDA_CHECK(cudaStreamWaitEvent(l0.stream, l1.mark, 0));
       // dx = sum over directions of dG W_ih ([N, 4H] x [4H, In]), fp32; zero past each length
       // because dG is. For l > 0 it becomes the layer below's dy after dropout's mask.
       const int64_t N = Tn * B;
@@ -1006,9 +1016,53 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
       std::swap(dy_cur, dy_next);
     }
     fork.join();
-  }
-  // dy_cur is now layer 0's dx.
-  launch_relayout<float, E>(s0, dy_cur, static_cast<E*>(r.d_x.raw()), Tn, B, I_, false, bf, len);
+    return dy_cur;
+  };
+
+  // Unidirectional: a wavefront, layer l on lane l, down the stack and backwards in time. Per
+  // chunk of steps [t0, t1) (from the last chunk to the first) lane l sweeps those steps, forms
+  // their rows of dx = dG W_ih into dyb[l-1] (dropout-masked; layer 0: dyb[L]) and records its
+  // mark; lane l-1, issued right after (before lane l records again), waits for it and sweeps
+  // the same steps. Each layer's weight gradients follow its sweep on its lane.
+  auto issue_wavefront = [&]() -> float* {
+    const int64_t chunk = L_ > 1 ? kWavefrontSteps : Tn;
+    LaneFork fork(cuda::stream(), fork_->get(), lanes_, static_cast<size_t>(L_));
+    std::vector<WeightPtrs<E>> w(static_cast<size_t>(L_));
+    for (int64_t l = 0; l < L_; ++l) w[l] = weights_of(weights, l, 0);
+    for (int64_t t1 = Tn; t1 > 0; t1 -= chunk) {
+      const int64_t t0 = std::max<int64_t>(0, t1 - chunk);
+      for (int64_t l = L_ - 1; l >= 0; --l) {
+        const Lane& ln = *lanes_[l];
+        const int64_t In = in_size(l);
+        if (l < L_ - 1) LSTM_CUDA_CHECK(cudaStreamWaitEvent(ln.stream, lanes_[l + 1]->mark, 0));
+        sweep_backward(ln, w[l], sv.p.dirs[static_cast<size_t>(l)], bps[l], 0, Tn, B, dyb[l], len, dhn_of(l),
+                       dcn_of(l), dh0_of(l), dc0_of(l), Tn - t1, Tn - t0);
+        // The chunk's rows of dx: [(t1-t0)*B, 4H] x [4H, In], fp32, zero past each length.
+        float* dx = l > 0 ? dyb[l - 1] : dyb[L_];
+        gemm_rm(ln.blas, compute_, false, false, (t1 - t0) * B, In, G_, bps[l].dg + t0 * B * G_, dt_, G_, w[l].ih, dt_,
+                In, 0.f, dx + t0 * B * In, CUDA_R_32F, In);
+        if (l > 0) {
+          if (sv.dropout)
+            launch_dropout<float>(ln.stream, dx, dx, t0 * B * In, t1 * B * In, layer_seed(sv.seed, l), drop);
+          LSTM_CUDA_CHECK(cudaEventRecord(ln.mark, ln.stream));
+        }
+      }
+    }
+    for (int64_t l = L_ - 1; l >= 0; --l) weight_grads(*lanes_[l], sv, bps[l], l, 0, d_weights);
+    fork.join();
+    return dyb[L_];
+  };
+
+  // Issues the whole backward (see the forward's issue); d_output is read from `dy_in`.
+  auto issue = [&](const E* dy_in) {
+    const cudaStream_t s0 = cuda::stream();
+    float* const dy_top = D_ == 2 ? dyb[0] : dyb[L_ - 1];
+    if (dy_in)
+      launch_relayout<E, float>(s0, dy_in, dy_top, Tn, B, D_ * Hout_, bf, false, len);
+    else
+      LSTM_CUDA_CHECK(cudaMemsetAsync(dy_top, 0, static_cast<size_t>(Tn * B * D_ * Hout_) * sizeof(float), s0));
+    float* const dx0 = D_ == 2 ? issue_bidirectional() : issue_wavefront();
+    launch_relayout<float, E>(s0, dx0, static_cast<E*>(r.d_x.raw()), Tn, B, I_, false, bf, len);
   };
 
   const E* dy_user = d_out.defined() ? static_cast<const E*>(d_out.raw()) : nullptr;
@@ -1045,7 +1099,7 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
     LSTM_CUDA_CHECK(cudaStreamWaitEvent(sv.stream, release_->get(), 0));
   }
   sv.memory.reset();
-  last_run_ = "fused";
+  last_run_ = D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
   return r;
 }
 
