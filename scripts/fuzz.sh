@@ -87,7 +87,10 @@ run_target() {
   ((${#replay[@]})) && dirs+=("$regress")
   [[ "$t" == safetensors ]] && dirs+=(tests/fixtures)
   echo "fuzz: ${SECONDS_EACH}s from ${dirs[*]:1}"
-  TMPDIR=$tmp "$bin" "${common[@]}" "${dict[@]}" -max_total_time="$SECONDS_EACH" -artifact_prefix="$out" \
+  # libFuzzer reads -max_total_time=0 as "no limit": 0 seconds runs the seeds once (-runs=0).
+  local budget=(-max_total_time="$SECONDS_EACH")
+  ((SECONDS_EACH == 0)) && budget=(-runs=0)
+  TMPDIR=$tmp "$bin" "${common[@]}" "${dict[@]}" "${budget[@]}" -artifact_prefix="$out" \
     "${extra[@]}" "${dirs[@]}"
 }
 

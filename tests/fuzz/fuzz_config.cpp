@@ -2,24 +2,23 @@
 // resolve_train_config (defaults, validation, optimizer and schedule) and every layer's settings.
 // The contract (include/lstm/train.hpp, include/lstm/error.hpp): a defective configuration throws
 // lstm::Error naming the field; anything else escaping, a crash or a sanitizer report is a finding.
-// Text that is not JSON is the JSON library's to refuse (the program reports its exception).
 #include <cstddef>
 #include <cstdint>
 
 #include <nlohmann/json.hpp>
+#include <string_view>
 
+#include "io/config_reader.hpp"
 #include "lstm/error.hpp"
 #include "lstm/layers.hpp"
 #include "lstm/train.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  nlohmann::json user;
   try {
-    user = nlohmann::json::parse(data, data + size);
-  } catch (const nlohmann::json::exception&) {  // parse_error, or out_of_range for a number too large
-    return 0;
-  }
-  try {
+    // The program's reader (lstm train --config goes through it): bounded nesting, errors as
+    // lstm::Error naming the text.
+    const nlohmann::json user =
+        lstm::parse_json(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz input");
     const nlohmann::json cfg = lstm::resolve_train_config(user);
     const nlohmann::json& layers = cfg["model"]["layers"];
     for (size_t i = 0; i < layers.size(); ++i) {
