@@ -11,7 +11,9 @@
 #            GoogleTest executables test_* found in $LSTM_TEST_BIN_DIR, BUILD_DIR/tests or
 #            BUILD_DIR/bin are run one by one with --gtest_output=xml.
 #   bench  - bench_cpu_lstm is taken from $LSTM_BENCH_CPU, else BUILD_DIR/bench/bench_cpu_lstm,
-#            else BUILD_DIR/bin/bench_cpu_lstm; bench_gpu_lstm likewise ($LSTM_BENCH_GPU).
+#            else BUILD_DIR/libexec/lstm-engine/bench_cpu_lstm (an install with
+#            -DLSTM_INSTALL_BENCH=ON), else BUILD_DIR/bin/bench_cpu_lstm (older installs);
+#            bench_gpu_lstm likewise ($LSTM_BENCH_GPU).
 # Sections (all run by default): tests, interop, cpu_bench, gpu_bench (GPU LSTM harness over
 # bench/suites.json + torch.nn.LSTM on the GPU + gpu_report.py; bench/README.md).
 # Opt-in section: sanitizer (compute-sanitizer over the GPU test executables: memcheck on every
@@ -273,7 +275,7 @@ section_sanitizer() {
 # ---------------------------------------------------------------------------------------------
 find_cpu_bench() {
   local c
-  for c in "${LSTM_BENCH_CPU:-}" "$BUILD_DIR/bench/bench_cpu_lstm" "$BUILD_DIR/bin/bench_cpu_lstm"; do
+  for c in "${LSTM_BENCH_CPU:-}" "$BUILD_DIR/bench/bench_cpu_lstm" "$BUILD_DIR/libexec/lstm-engine/bench_cpu_lstm" "$BUILD_DIR/bin/bench_cpu_lstm"; do
     [[ -n "$c" && -x "$c" ]] && { echo "$c"; return 0; }
   done
   return 1
@@ -361,7 +363,7 @@ section_cpu_bench() {
 # ---------------------------------------------------------------------------------------------
 find_gpu_bench() {
   local c
-  for c in "${LSTM_BENCH_GPU:-}" "$BUILD_DIR/bench/bench_gpu_lstm" "$BUILD_DIR/bin/bench_gpu_lstm"; do
+  for c in "${LSTM_BENCH_GPU:-}" "$BUILD_DIR/bench/bench_gpu_lstm" "$BUILD_DIR/libexec/lstm-engine/bench_gpu_lstm" "$BUILD_DIR/bin/bench_gpu_lstm"; do
     [[ -n "$c" && -x "$c" ]] && { echo "$c"; return 0; }
   done
   return 1
