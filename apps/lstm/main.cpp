@@ -1,7 +1,9 @@
 // The `lstm` command line program: train, eval, generate, info, forward.
 #include <CLI/CLI.hpp>
 #include <malloc.h>
+#include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <new>
 #include <iostream>
@@ -38,6 +40,39 @@ nlohmann::json default_job() {
                         {"eval_every", 800},
                         {"checkpoint_every", 800}}}};
   return j;
+}
+
+// The first SIGINT/SIGTERM asks the trainer to stop after its current step (it checkpoints
+// first); a second one means "now": the default action is restored and the signal raised again.
+std::atomic<int> g_stop{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler may only touch a lock-free atomic");
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.exchange(sig) != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  // Without SA_RESTART a read interrupted by the signal fails with EINTR; the trainer should
+  // finish its step undisturbed.
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+// A word for a POSIX shell: quoted unless it is plainly safe.
+std::string shell_word(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
+                        std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 // --device/--precision/--algo/--cudnn-algo/--cuda-graphs as a Placement.
@@ -307,8 +342,20 @@ int main(int argc, char** argv) {
       o.resume = resume;
       o.steps = steps;
       o.placement = make_placement(device, precision, algo, cudnn_algo, cuda_graphs);
+      o.stop = &g_stop;
+      install_stop_handlers();
       TrainResult r = lstm::train(o);
       if (r.stopped_non_finite) return 3;
+      if (r.stopped_by != 0) {
+        // The placement is not part of the checkpoint, so the command repeats the flags that set it.
+        std::string cmd = shell_word(argv[0]) + " train --resume --out " + shell_word(out_dir);
+        for (auto* opt : train->get_options())
+          for (const char* name : {"--threads", "--device", "--precision", "--algo", "--cudnn-algo", "--cuda-graphs"})
+            if (opt->check_name(name) && opt->count() > 0) cmd += std::string(" ") + name + " " + shell_word(opt->as<std::string>());
+        std::cerr << "lstm: stopped by " << (r.stopped_by == SIGINT ? "SIGINT" : "SIGTERM") << "; resume with: " << cmd
+                  << "\n";
+        return 128 + r.stopped_by;
+      }
       std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
                 << 100 * r.valid_accuracy << "%\n";
       std::cout << "model: " << out_dir << "/model.safetensors; checkpoint: " << r.last_checkpoint << "\n";

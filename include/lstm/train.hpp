@@ -22,6 +22,7 @@
 // optimizer state, RNG states and progress.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <iosfwd>
 #include <string>
@@ -50,6 +51,11 @@ struct TrainOptions {
   // and every later one on the device, and training stops at the next log point naming the
   // step where it happened (the parameters are those from before that step).
   Placement placement;
+  // Polled between steps (never written by the trainer): once non-zero, the trainer finishes the
+  // step it is in, writes a checkpoint and returns with TrainResult::stopped_by set to the value.
+  // Lets an embedder stop cleanly from a signal handler (a lock-free atomic store is
+  // async-signal-safe); the library installs no handlers itself.
+  const std::atomic<int>* stop = nullptr;
 };
 
 struct TrainResult {
@@ -60,6 +66,7 @@ struct TrainResult {
   std::string sample;          // charlm: generated text at the end
   std::string last_checkpoint;
   bool stopped_non_finite = false;  // a NaN/Inf loss or gradient stopped the run
+  int stopped_by = 0;               // *TrainOptions::stop's value when it stopped the run early
 };
 
 // Runs training. A NaN/Inf loss or gradient stops before the update is applied; the run folder

@@ -655,10 +655,11 @@ TrainResult train(const TrainOptions& opts) {
       opt->step(params, sched->lr(step));
       ++step;
     }
+    const int stop_req = opts.stop ? opts.stop->load(std::memory_order_relaxed) : 0;
     const bool last = step == steps;
     const bool log_now = step % log_every == 0 || last;
-    const bool eval_now = (eval_every > 0 && step % eval_every == 0) || last;
-    const bool ckpt_now = (ckpt_every > 0 && step % ckpt_every == 0) || last;
+    const bool eval_now = !stop_req && ((eval_every > 0 && step % eval_every == 0) || last);
+    const bool ckpt_now = (ckpt_every > 0 && step % ckpt_every == 0) || last || stop_req;
     if ((log_now || eval_now || ckpt_now) && !flush()) return res;
     if (log_now && win_n > 0) {
       double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -695,6 +696,13 @@ TrainResult train(const TrainOptions& opts) {
     if (ckpt_now) {
       last_good = save_checkpoint(out_dir, step, model, meta, *opt, data_rng, model_rng, cfg, tc["keep_checkpoints"]);
       res.last_checkpoint = last_good;
+    }
+    if (stop_req) {
+      if (last) save_model((out_dir / "model.safetensors").string(), model, meta);
+      log << (tty ? "\n" : "") << "stopped on request after step " << step << "; checkpoint " << last_good << "\n";
+      res.step = step;
+      res.stopped_by = stop_req;
+      return res;
     }
   }
   res.step = step;
