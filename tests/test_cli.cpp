@@ -429,3 +429,42 @@ TEST(Cli, NonFiniteModelIsRefusedUnlessAllowed) {
   EXPECT_EQ(i.code, 0) << i.out;
   fs::remove_all(d);
 }
+
+TEST(Cli, TrainingOverAnotherRunNeedsResumeOrOverwrite) {
+  fs::path d = temp_dir("overwrite");
+  const fs::path run = tiny_run(d);
+  const std::string again = "train --config " + (d / "tiny.json").string() + " --out " + run.string();
+  CliRun r = run_cli(again);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr(run.string() + " holds another run's checkpoints"));
+  EXPECT_THAT(r.out, HasSubstr("use --resume to continue it or --overwrite to start over"));
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-00000002"));
+  // A final model alone counts as a run too.
+  fs::create_directories(d / "model_only");
+  fs::copy_file(run / "model.safetensors", d / "model_only" / "model.safetensors");
+  CliRun m = run_cli("train --config " + (d / "tiny.json").string() + " --out " + (d / "model_only").string());
+  EXPECT_THAT(m.out, HasSubstr("holds another run's a trained model"));
+  CliRun both = run_cli("train --resume --overwrite --out " + run.string());
+  EXPECT_EQ(both.code, 1);
+  EXPECT_THAT(both.out, HasSubstr("give one of them"));
+  // --overwrite starts over: the old run's checkpoints are gone, not mixed with the new ones.
+  fs::create_directories(run / "checkpoints" / "step-00000099");
+  CliRun o = run_cli(again + " --overwrite");
+  ASSERT_EQ(o.code, 0) << o.out;
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / "step-00000099"));
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-00000002"));
+  for (auto& e : fs::directory_iterator(run)) EXPECT_EQ(e.path().filename().string().rfind(".overwritten-", 0), std::string::npos) << e.path();
+  fs::remove_all(d);
+}
+
+TEST(Cli, ResumePastTheEndOfTheScheduleIsRefused) {
+  fs::path d = temp_dir("schedule_end");
+  const fs::path run = tiny_run(d);  // 2 steps: its cosine schedule ends at step 2
+  CliRun r = run_cli("train --resume --steps 10 --out " + run.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("cannot resume " + run.string() + " to step 10: its cosine learning-rate schedule ends at step 2"));
+  EXPECT_THAT(r.out, HasSubstr("train a new run with train.steps (and schedule.total_steps) 10"));
+  CliRun ok = run_cli("train --resume --steps 2 --out " + run.string());
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  fs::remove_all(d);
+}

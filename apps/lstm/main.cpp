@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
                                       cudnn_algo = "heuristic", cuda_graphs = "auto";
   int64_t steps = -1;
   int threads = 0;
-  bool resume = false, allow_nonfinite = false;
+  bool resume = false, overwrite = false, allow_nonfinite = false;
   const char* kAllowNonfinite = "load a model with NaN/Inf parameters anyway (to inspect it)";
   train->add_option("--config", config_path, "JSON training configuration (see include/lstm/train.hpp)");
   train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify)");
@@ -278,6 +278,7 @@ int main(int argc, char** argv) {
   };
   add_placement(train);
   train->add_flag("--resume", resume, "continue from the run folder's latest checkpoint");
+  train->add_flag("--overwrite", overwrite, "start over in a run folder that holds another run (removes its checkpoints and model)");
 
   auto* eval = app.add_subcommand("eval", "evaluate a trained model on its held-out data");
   std::string model_arg;
@@ -341,6 +342,8 @@ int main(int argc, char** argv) {
       o.out_dir = out_dir;
       o.resume = resume;
       o.steps = steps;
+      LSTM_REQUIRE(!(resume && overwrite), "--resume continues the run in --out and --overwrite removes it; give one of them");
+      o.overwrite = overwrite;
       o.placement = make_placement(device, precision, algo, cudnn_algo, cuda_graphs);
       o.stop = &g_stop;
       install_stop_handlers();

@@ -42,6 +42,9 @@ struct TrainOptions {
   nlohmann::json config;      // as given by the user (resolved inside)
   std::string out_dir = "runs/default";
   bool resume = false;        // continue from out_dir/checkpoints/latest
+  // Without resume, an out_dir that holds another run (checkpoints or a final model) is refused
+  // unless overwrite: then that run is removed first.
+  bool overwrite = false;
   int64_t steps = -1;         // overrides train.steps when >= 0
   std::ostream* log = nullptr;  // progress and messages (nullptr: std::cerr)
   int threads = 0;            // overrides train.threads when > 0
