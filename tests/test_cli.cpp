@@ -468,3 +468,12 @@ TEST(Cli, ResumePastTheEndOfTheScheduleIsRefused) {
   EXPECT_EQ(ok.code, 0) << ok.out;
   fs::remove_all(d);
 }
+
+TEST(Cli, VersionAndUnknownSubcommand) {
+  CliRun v = run_cli("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_THAT(v.out, HasSubstr("lstm-engine 0.1.0"));
+  CliRun u = run_cli("trian");
+  EXPECT_NE(u.code, 0);
+  EXPECT_THAT(u.out, HasSubstr("unknown command 'trian'; expected one of train, eval, generate, info, forward"));
+}

@@ -24,6 +24,8 @@ namespace {
 
 using namespace lstm;
 
+constexpr const char* kVersion = "lstm-engine 0.1.0";
+
 // The job `lstm train` runs with no arguments: a character language model on the fortune
 // cookie corpus (Debian's fortunes packages), sized to finish in about three minutes on 2 cores.
 nlohmann::json default_job() {
@@ -205,7 +207,7 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
 }
 
 int cmd_info(const std::string& model_path, bool allow_nonfinite) {
-  std::cout << "lstm-engine 0.1.0\n";
+  std::cout << kVersion << "\n";
   std::cout << "devices:\n  cpu: " << num_threads() << " threads; " << cpu_backend_description() << "\n";
   if (cuda_available()) {
     std::cout << "  cuda: " << cuda_versions() << "\n";
@@ -251,6 +253,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1024 << 20);
   CLI::App app{"lstm: train and run LSTM networks (lstm-engine)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(kVersion));
 
   auto* train = app.add_subcommand("train", "train a model (no arguments: the default character language model job)");
   std::string config_path, data_path, out_dir = "runs/default", device = "cpu", precision = "f32", algo = "auto",
@@ -324,6 +327,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fwd->add_flag("--allow-nonfinite", allow_nonfinite, "accept NaN/Inf weights, h0 or c0");
 
+  // CLI11 would only say that a subcommand is required; a misspelt one deserves its name back.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* c : app.get_subcommands({})) {
+      known = known || c->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + c->get_name();
+    }
+    if (!known) {
+      std::cerr << "lstm: unknown command '" << argv[1] << "'; expected one of " << names << "\n";
+      return 1;
+    }
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) {
