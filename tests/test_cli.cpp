@@ -477,3 +477,36 @@ TEST(Cli, VersionAndUnknownSubcommand) {
   EXPECT_NE(u.code, 0);
   EXPECT_THAT(u.out, HasSubstr("unknown command 'trian'; expected one of train, eval, generate, info, forward"));
 }
+
+TEST(Cli, AFileThatIsNotSafetensorsIsNamedAsSuch) {
+  fs::path d = temp_dir("not_safetensors");
+  const fs::path run = tiny_run(d);
+  write_text(d / "notes.txt", "these are some notes, not tensors\n");
+  std::string noise;
+  Rng rng(7);
+  for (int i = 0; i < 4096; ++i) noise += static_cast<char>(rng.below(256));
+  write_text(d / "noise.bin", noise);
+  LstmSpec s{.input_size = 3, .hidden_size = 4};
+  write_safetensors((d / "m.safetensors").string(), random_state_dict(s, rng));
+  write_safetensors((d / "x.safetensors").string(), {{"input", Tensor::zeros({2, 1, 3})}});
+  for (const char* bad : {"notes.txt", "noise.bin"}) {
+    const std::string f = (d / bad).string(), want = "'" + f + "' is not a safetensors file";
+    CliRun fm = run_cli("forward --model " + f + " --input " + (d / "x.safetensors").string() + " --output " + (d / "y").string());
+    EXPECT_EQ(fm.code, 1);
+    EXPECT_THAT(fm.out, HasSubstr(want));
+    CliRun fi = run_cli("forward --model " + (d / "m.safetensors").string() + " --input " + f + " --output " + (d / "y").string());
+    EXPECT_THAT(fi.out, HasSubstr(want));
+    CliRun ev = run_cli("eval --model " + f);
+    EXPECT_THAT(ev.out, HasSubstr(want));
+    CliRun gen = run_cli("generate --model " + f);
+    EXPECT_THAT(gen.out, HasSubstr(want));
+  }
+  // Sizes are already bounded; these stay errors.
+  CliRun len = run_cli("generate --length -5 --model " + run.string());
+  EXPECT_EQ(len.code, 1);
+  EXPECT_THAT(len.out, HasSubstr("--length"));
+  CliRun thr = run_cli("train --threads -4 --out " + (d / "t").string());
+  EXPECT_EQ(thr.code, 1);
+  EXPECT_THAT(thr.out, HasSubstr("--threads"));
+  fs::remove_all(d);
+}
