@@ -53,6 +53,24 @@ std::map<std::string, Tensor> random_state_dict(const LstmSpec& s, Rng& rng) {
   return model;
 }
 
+// Starts `lstm train --threads 1 --config CFG --out RUN` in the background with its stdout and
+// stderr in `log`; returns its pid (-1 if it could not be started).
+pid_t spawn_train(const fs::path& cfg, const fs::path& run, const fs::path& log) {
+  std::string cli = LSTM_CLI_PATH;
+  std::vector<std::string> args = {cli, "train", "--threads", "1", "--config", cfg.string(), "--out", run.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, cli.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
 }  // namespace
 
 TEST(Cli, ForwardMatchesPyTorchGoldenFiles) {
@@ -148,24 +166,14 @@ TEST(Cli, KilledTrainingResumesToTheSameParameters) {
 
   // Start the same run, kill it hard once a checkpoint exists, then resume.
   fs::path run = d / "killed";
-  std::string cli = LSTM_CLI_PATH;
-  std::vector<std::string> args = {cli, "train", "--threads", "1", "--config", (d / "cfg.json").string(), "--out", run.string()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid;
-  ASSERT_EQ(posix_spawn(&pid, cli.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  const pid_t pid = spawn_train(d / "cfg.json", run, "/dev/null");
+  ASSERT_GT(pid, 0);
   auto t0 = std::chrono::steady_clock::now();
   while (!fs::exists(run / "checkpoints" / "latest") && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120))
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   ::kill(pid, SIGKILL);
   int st;
   ::waitpid(pid, &st, 0);
-  posix_spawn_file_actions_destroy(&fa);
   ASSERT_TRUE(WIFSIGNALED(st)) << "the run finished before it could be killed";
   EXPECT_FALSE(fs::exists(run / "model.safetensors"));
   CliRun res = run_cli("train --threads 1 --resume --out " + run.string());
@@ -191,6 +199,54 @@ TEST(Cli, KilledTrainingResumesToTheSameParameters) {
   CliRun info = run_cli("info --model " + run.string());
   EXPECT_THAT(info.out, HasSubstr("LSTM(8, 48, num_layers=2)"));
   EXPECT_THAT(info.out, HasSubstr("reference"));
+  fs::remove_all(d);
+}
+
+// SIGINT/SIGTERM: the run finishes its step, checkpoints there, says how to resume and exits
+// with 128 + the signal; the resume continues from that step.
+TEST(Cli, SignalStopsAfterTheStepWithACheckpointAndResumes) {
+  fs::path d = temp_dir("signal");
+  std::ofstream(d / "text.txt") << std::string(300, 'a') + "the quick brown fox jumps over the lazy dog\n";
+  // Far more steps than the test waits for, and no periodic checkpoint: any checkpoint is the stop's.
+  write_text(d / "cfg.json", R"({"task": "charlm", "data": {"path": ")" + (d / "text.txt").string() +
+                                 R"("}, "model": {"embedding_dim": 3, "layers": [{"type": "lstm", "hidden_size": 4},
+                                 {"type": "dense"}]}, "train": {"steps": 10000000, "batch_size": 2, "seq_len": 8,
+                                 "log_every": 1, "eval_every": 0, "checkpoint_every": 0, "sample_length": 0}})");
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig == SIGINT ? "SIGINT" : "SIGTERM");
+    const fs::path run = d / ("run" + std::to_string(sig)), log = d / ("log" + std::to_string(sig));
+    const std::string cli = LSTM_CLI_PATH;
+    const pid_t pid = spawn_train(d / "cfg.json", run, log);
+    ASSERT_GT(pid, 0);
+    auto read_log = [&] {
+      std::ifstream f(log);
+      return std::string((std::istreambuf_iterator<char>(f)), {});
+    };
+    // Stepping has begun once the third step is logged.
+    auto t0 = std::chrono::steady_clock::now();
+    while (read_log().find("step 3/") == std::string::npos && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ::kill(pid, sig);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    const std::string out = read_log();
+    ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0) << "\n" << out;
+    EXPECT_EQ(WEXITSTATUS(st), 128 + sig) << out;
+    std::string latest;
+    std::ifstream(run / "checkpoints" / "latest") >> latest;
+    ASSERT_EQ(latest.rfind("step-", 0), 0u) << out;
+    const int64_t at = std::stoll(latest.substr(5));
+    EXPECT_GE(at, 3);
+    EXPECT_TRUE(fs::exists(run / "checkpoints" / latest / "trainer.safetensors"));
+    EXPECT_THAT(out, HasSubstr("after step " + std::to_string(at)));
+    EXPECT_THAT(out, HasSubstr("checkpoint " + (run / "checkpoints" / latest).string() + "\n"));
+    EXPECT_THAT(out, HasSubstr(std::string("stopped by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + "; resume with: " +
+                               cli + " train --resume --out " + run.string() + " --threads 1\n"));
+    CliRun res = run_cli("train --threads 1 --resume --out " + run.string() + " --steps " + std::to_string(at + 2));
+    ASSERT_EQ(res.code, 0) << res.out;
+    EXPECT_THAT(res.out, HasSubstr("resuming from " + (run / "checkpoints" / latest).string() + " at step " + std::to_string(at)));
+    EXPECT_THAT(res.out, HasSubstr("trained " + std::to_string(at + 2) + " steps"));
+  }
   fs::remove_all(d);
 }
 
@@ -371,5 +427,86 @@ TEST(Cli, NonFiniteModelIsRefusedUnlessAllowed) {
   EXPECT_THAT(g.out, HasSubstr(mp + ": parameter 'fc.bias' holds inf at flat index 0"));
   CliRun i = run_cli("info --model " + mp + " --allow-nonfinite");
   EXPECT_EQ(i.code, 0) << i.out;
+  fs::remove_all(d);
+}
+
+TEST(Cli, TrainingOverAnotherRunNeedsResumeOrOverwrite) {
+  fs::path d = temp_dir("overwrite");
+  const fs::path run = tiny_run(d);
+  const std::string again = "train --config " + (d / "tiny.json").string() + " --out " + run.string();
+  CliRun r = run_cli(again);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr(run.string() + " holds another run's checkpoints"));
+  EXPECT_THAT(r.out, HasSubstr("use --resume to continue it or --overwrite to start over"));
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-00000002"));
+  // A final model alone counts as a run too.
+  fs::create_directories(d / "model_only");
+  fs::copy_file(run / "model.safetensors", d / "model_only" / "model.safetensors");
+  CliRun m = run_cli("train --config " + (d / "tiny.json").string() + " --out " + (d / "model_only").string());
+  EXPECT_THAT(m.out, HasSubstr("holds another run's a trained model"));
+  CliRun both = run_cli("train --resume --overwrite --out " + run.string());
+  EXPECT_EQ(both.code, 1);
+  EXPECT_THAT(both.out, HasSubstr("give one of them"));
+  // --overwrite starts over: the old run's checkpoints are gone, not mixed with the new ones.
+  fs::create_directories(run / "checkpoints" / "step-00000099");
+  CliRun o = run_cli(again + " --overwrite");
+  ASSERT_EQ(o.code, 0) << o.out;
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / "step-00000099"));
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-00000002"));
+  for (auto& e : fs::directory_iterator(run)) EXPECT_EQ(e.path().filename().string().rfind(".overwritten-", 0), std::string::npos) << e.path();
+  fs::remove_all(d);
+}
+
+TEST(Cli, ResumePastTheEndOfTheScheduleIsRefused) {
+  fs::path d = temp_dir("schedule_end");
+  const fs::path run = tiny_run(d);  // 2 steps: its cosine schedule ends at step 2
+  CliRun r = run_cli("train --resume --steps 10 --out " + run.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("cannot resume " + run.string() + " to step 10: its cosine learning-rate schedule ends at step 2"));
+  EXPECT_THAT(r.out, HasSubstr("train a new run with train.steps (and schedule.total_steps) 10"));
+  CliRun ok = run_cli("train --resume --steps 2 --out " + run.string());
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  fs::remove_all(d);
+}
+
+TEST(Cli, VersionAndUnknownSubcommand) {
+  CliRun v = run_cli("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_THAT(v.out, HasSubstr("lstm-engine 0.1.0"));
+  CliRun u = run_cli("trian");
+  EXPECT_NE(u.code, 0);
+  EXPECT_THAT(u.out, HasSubstr("unknown command 'trian'; expected one of train, eval, generate, info, forward"));
+}
+
+TEST(Cli, AFileThatIsNotSafetensorsIsNamedAsSuch) {
+  fs::path d = temp_dir("not_safetensors");
+  const fs::path run = tiny_run(d);
+  write_text(d / "notes.txt", "these are some notes, not tensors\n");
+  std::string noise;
+  Rng rng(7);
+  for (int i = 0; i < 4096; ++i) noise += static_cast<char>(rng.below(256));
+  write_text(d / "noise.bin", noise);
+  LstmSpec s{.input_size = 3, .hidden_size = 4};
+  write_safetensors((d / "m.safetensors").string(), random_state_dict(s, rng));
+  write_safetensors((d / "x.safetensors").string(), {{"input", Tensor::zeros({2, 1, 3})}});
+  for (const char* bad : {"notes.txt", "noise.bin"}) {
+    const std::string f = (d / bad).string(), want = "'" + f + "' is not a safetensors file";
+    CliRun fm = run_cli("forward --model " + f + " --input " + (d / "x.safetensors").string() + " --output " + (d / "y").string());
+    EXPECT_EQ(fm.code, 1);
+    EXPECT_THAT(fm.out, HasSubstr(want));
+    CliRun fi = run_cli("forward --model " + (d / "m.safetensors").string() + " --input " + f + " --output " + (d / "y").string());
+    EXPECT_THAT(fi.out, HasSubstr(want));
+    CliRun ev = run_cli("eval --model " + f);
+    EXPECT_THAT(ev.out, HasSubstr(want));
+    CliRun gen = run_cli("generate --model " + f);
+    EXPECT_THAT(gen.out, HasSubstr(want));
+  }
+  // Sizes are already bounded; these stay errors.
+  CliRun len = run_cli("generate --length -5 --model " + run.string());
+  EXPECT_EQ(len.code, 1);
+  EXPECT_THAT(len.out, HasSubstr("--length"));
+  CliRun thr = run_cli("train --threads -4 --out " + (d / "t").string());
+  EXPECT_EQ(thr.code, 1);
+  EXPECT_THAT(thr.out, HasSubstr("--threads"));
   fs::remove_all(d);
 }

@@ -188,7 +188,9 @@ nlohmann::json tiny_config(const fs::path& d) {
           {"model", {{"embedding_dim", 3}, {"layers", {{{"type", "lstm"}, {"hidden_size", 4}}, {{"type", "dense"}}}}}},
           {"train",
            {{"steps", 4}, {"batch_size", 2}, {"seq_len", 8}, {"checkpoint_every", 2}, {"eval_every", 0},
-            {"sample_length", 0}}}};
+            {"sample_length", 0},
+            // Runs stopped at step 2 resume to 4: the schedule must reach that far.
+            {"schedule", {{"type", "cosine"}, {"lr", 0.003}, {"warmup_steps", 0}, {"total_steps", 4}}}}}};
 }
 
 std::string train_error(const lstm::TrainOptions& o) {

@@ -1,7 +1,9 @@
 // The `lstm` command line program: train, eval, generate, info, forward.
 #include <CLI/CLI.hpp>
 #include <malloc.h>
+#include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <new>
 #include <iostream>
@@ -22,6 +24,8 @@ namespace {
 
 using namespace lstm;
 
+constexpr const char* kVersion = "lstm-engine 0.1.0";
+
 // The job `lstm train` runs with no arguments: a character language model on the fortune
 // cookie corpus (Debian's fortunes packages), sized to finish in about three minutes on 2 cores.
 nlohmann::json default_job() {
@@ -38,6 +42,39 @@ nlohmann::json default_job() {
                         {"eval_every", 800},
                         {"checkpoint_every", 800}}}};
   return j;
+}
+
+// The first SIGINT/SIGTERM asks the trainer to stop after its current step (it checkpoints
+// first); a second one means "now": the default action is restored and the signal raised again.
+std::atomic<int> g_stop{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler may only touch a lock-free atomic");
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.exchange(sig) != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  // Without SA_RESTART a read interrupted by the signal fails with EINTR; the trainer should
+  // finish its step undisturbed.
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+// A word for a POSIX shell: quoted unless it is plainly safe.
+std::string shell_word(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
+                        std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 // --device/--precision/--algo/--cudnn-algo/--cuda-graphs as a Placement.
@@ -170,7 +207,7 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
 }
 
 int cmd_info(const std::string& model_path, bool allow_nonfinite) {
-  std::cout << "lstm-engine 0.1.0\n";
+  std::cout << kVersion << "\n";
   std::cout << "devices:\n  cpu: " << num_threads() << " threads; " << cpu_backend_description() << "\n";
   if (cuda_available()) {
     std::cout << "  cuda: " << cuda_versions() << "\n";
@@ -216,13 +253,14 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1024 << 20);
   CLI::App app{"lstm: train and run LSTM networks (lstm-engine)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(kVersion));
 
   auto* train = app.add_subcommand("train", "train a model (no arguments: the default character language model job)");
   std::string config_path, data_path, out_dir = "runs/default", device = "cpu", precision = "f32", algo = "auto",
                                       cudnn_algo = "heuristic", cuda_graphs = "auto";
   int64_t steps = -1;
   int threads = 0;
-  bool resume = false, allow_nonfinite = false;
+  bool resume = false, overwrite = false, allow_nonfinite = false;
   const char* kAllowNonfinite = "load a model with NaN/Inf parameters anyway (to inspect it)";
   train->add_option("--config", config_path, "JSON training configuration (see include/lstm/train.hpp)");
   train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify)");
@@ -243,6 +281,7 @@ int main(int argc, char** argv) {
   };
   add_placement(train);
   train->add_flag("--resume", resume, "continue from the run folder's latest checkpoint");
+  train->add_flag("--overwrite", overwrite, "start over in a run folder that holds another run (removes its checkpoints and model)");
 
   auto* eval = app.add_subcommand("eval", "evaluate a trained model on its held-out data");
   std::string model_arg;
@@ -288,6 +327,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fwd->add_flag("--allow-nonfinite", allow_nonfinite, "accept NaN/Inf weights, h0 or c0");
 
+  // CLI11 would only say that a subcommand is required; a misspelt one deserves its name back.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* c : app.get_subcommands({})) {
+      known = known || c->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + c->get_name();
+    }
+    if (!known) {
+      std::cerr << "lstm: unknown command '" << argv[1] << "'; expected one of " << names << "\n";
+      return 1;
+    }
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) {
@@ -306,9 +358,23 @@ int main(int argc, char** argv) {
       o.out_dir = out_dir;
       o.resume = resume;
       o.steps = steps;
+      LSTM_REQUIRE(!(resume && overwrite), "--resume continues the run in --out and --overwrite removes it; give one of them");
+      o.overwrite = overwrite;
       o.placement = make_placement(device, precision, algo, cudnn_algo, cuda_graphs);
+      o.stop = &g_stop;
+      install_stop_handlers();
       TrainResult r = lstm::train(o);
       if (r.stopped_non_finite) return 3;
+      if (r.stopped_by != 0) {
+        // The placement is not part of the checkpoint, so the command repeats the flags that set it.
+        std::string cmd = shell_word(argv[0]) + " train --resume --out " + shell_word(out_dir);
+        for (auto* opt : train->get_options())
+          for (const char* name : {"--threads", "--device", "--precision", "--algo", "--cudnn-algo", "--cuda-graphs"})
+            if (opt->check_name(name) && opt->count() > 0) cmd += std::string(" ") + name + " " + shell_word(opt->as<std::string>());
+        std::cerr << "lstm: stopped by " << (r.stopped_by == SIGINT ? "SIGINT" : "SIGTERM") << "; resume with: " << cmd
+                  << "\n";
+        return 128 + r.stopped_by;
+      }
       std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
                 << 100 * r.valid_accuracy << "%\n";
       std::cout << "model: " << out_dir << "/model.safetensors; checkpoint: " << r.last_checkpoint << "\n";

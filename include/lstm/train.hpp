@@ -22,6 +22,7 @@
 // optimizer state, RNG states and progress.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <iosfwd>
 #include <string>
@@ -41,6 +42,9 @@ struct TrainOptions {
   nlohmann::json config;      // as given by the user (resolved inside)
   std::string out_dir = "runs/default";
   bool resume = false;        // continue from out_dir/checkpoints/latest
+  // Without resume, an out_dir that holds another run (checkpoints or a final model) is refused
+  // unless overwrite: then that run is removed first.
+  bool overwrite = false;
   int64_t steps = -1;         // overrides train.steps when >= 0
   std::ostream* log = nullptr;  // progress and messages (nullptr: std::cerr)
   int threads = 0;            // overrides train.threads when > 0
@@ -50,6 +54,11 @@ struct TrainOptions {
   // and every later one on the device, and training stops at the next log point naming the
   // step where it happened (the parameters are those from before that step).
   Placement placement;
+  // Polled between steps (never written by the trainer): once non-zero, the trainer finishes the
+  // step it is in, writes a checkpoint and returns with TrainResult::stopped_by set to the value.
+  // Lets an embedder stop cleanly from a signal handler (a lock-free atomic store is
+  // async-signal-safe); the library installs no handlers itself.
+  const std::atomic<int>* stop = nullptr;
 };
 
 struct TrainResult {
@@ -60,6 +69,7 @@ struct TrainResult {
   std::string sample;          // charlm: generated text at the end
   std::string last_checkpoint;
   bool stopped_non_finite = false;  // a NaN/Inf loss or gradient stopped the run
+  int stopped_by = 0;               // *TrainOptions::stop's value when it stopped the run early
 };
 
 // Runs training. A NaN/Inf loss or gradient stops before the update is applied; the run folder

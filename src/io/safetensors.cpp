@@ -14,6 +14,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -127,22 +128,29 @@ Entry parse_entry(const std::string& name, const nlohmann::json& j, const std::s
 }
 
 // Reads and fully validates the header of an open file of `file_size` bytes.
-Header read_header(int fd, uint64_t file_size, const std::string& pre) {
-  LSTM_REQUIRE(file_size >= 8, pre << "file is " << file_size
-                                   << " bytes, shorter than the 8-byte header length");
+Header read_header(int fd, uint64_t file_size, const std::string& path, const std::string& pre) {
+  // A file of some other kind (text, an archive, random bytes) fails one of the first checks; it
+  // is named as such rather than by the header length its first bytes happen to spell.
+  const std::string other = "'" + path + "' is not a safetensors file: ";
+  LSTM_REQUIRE(file_size >= 8, other << "it is " << file_size
+                                     << " bytes, shorter than the 8-byte header length");
   uint8_t len_bytes[8];
   LSTM_REQUIRE(pread_exact(fd, len_bytes, 8, 0, pre), pre << "file shorter than 8 bytes");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   LSTM_REQUIRE(n <= kMaxHeaderBytes,
-               pre << "header length " << n << " exceeds the 100 MB limit (" << kMaxHeaderBytes
-                   << " bytes)");
-  LSTM_REQUIRE(n <= file_size - 8, pre << "header length " << n << " is larger than the file ("
-                                       << file_size << " bytes, " << (file_size - 8)
-                                       << " after the length field)");
+               other << "header length " << n << " exceeds the 100 MB limit (" << kMaxHeaderBytes
+                     << " bytes; the length is the file's first 8 bytes)");
+  LSTM_REQUIRE(n <= file_size - 8, other << "header length " << n << " is larger than the file ("
+                                         << file_size << " bytes, " << (file_size - 8)
+                                         << " after the length field; the length is the file's first 8 bytes)");
 
   std::string text(n, '\0');
   LSTM_REQUIRE(pread_exact(fd, text.data(), n, 8, pre), pre << "file truncated while reading header");
+  // A byte that starts no JSON value at all; other malformed headers get the JSON checks' words.
+  LSTM_REQUIRE(n == 0 || std::string_view("{[\"-0123456789tfn \t\r\n\xEF").find(text[0]) != std::string_view::npos,
+               other << "its header (" << n << " bytes after the length field) is not JSON: it starts with \""
+                     << printable(text.substr(0, 8)) << "\"");
 
   // Duplicate names are refused rather than "last one wins": two readers must not disagree on
   // which bytes a name means.
@@ -219,7 +227,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   const std::string pre = read_prefix(path);
   uint64_t size = 0;
   Fd fd(open_regular_file(path, pre, size));
-  Header h = read_header(fd.get(), size, pre);
+  Header h = read_header(fd.get(), size, path, pre);
 
   SafetensorsFile out;
   out.metadata = std::move(h.metadata);
@@ -237,7 +245,7 @@ std::map<std::string, Shape> read_safetensors_shapes(const std::string& path) {
   const std::string pre = read_prefix(path);
   uint64_t size = 0;
   Fd fd(open_regular_file(path, pre, size));
-  Header h = read_header(fd.get(), size, pre);
+  Header h = read_header(fd.get(), size, path, pre);
   std::map<std::string, Shape> out;
   for (Entry& e : h.entries) out.emplace(std::move(e.name), std::move(e.shape));
   return out;

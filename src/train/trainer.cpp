@@ -311,6 +311,36 @@ std::string save_checkpoint(const fs::path& out_dir, int64_t step, const Model& 
   return final_dir.string();
 }
 
+// What of an earlier run `out_dir` holds (empty: none), named for the refusal to train over it.
+std::string previous_run(const fs::path& out_dir) {
+  const fs::path ck = out_dir / "checkpoints";
+  std::error_code ec;
+  if (fs::exists(ck / "latest", ec)) return "checkpoints (" + (ck / "latest").string() + ")";
+  if (fs::is_directory(ck, ec))
+    for (auto& e : fs::directory_iterator(ck, ec))
+      if (e.path().filename().string().rfind("step-", 0) == 0) return "checkpoints (" + e.path().string() + ")";
+  if (fs::exists(out_dir / "model.safetensors", ec)) return "a trained model (" + (out_dir / "model.safetensors").string() + ")";
+  return "";
+}
+
+// Removes an earlier run from `out_dir`. Its checkpoints leave by one rename, so a crash leaves
+// either the whole resumable run or none of its checkpoints; what was moved aside (and what an
+// earlier crash left there) is deleted afterwards.
+void remove_previous_run(const fs::path& out_dir) {
+  const fs::path trash = out_dir / (".overwritten-" + std::to_string(::getpid()));
+  try {
+    fs::remove_all(trash);
+    fs::create_directories(trash);
+    if (fs::exists(out_dir / "checkpoints")) fs::rename(out_dir / "checkpoints", trash / "checkpoints");
+    if (fs::exists(out_dir / "model.safetensors")) fs::rename(out_dir / "model.safetensors", trash / "model.safetensors");
+    fsync_dir(out_dir);
+    for (auto& e : fs::directory_iterator(out_dir))
+      if (e.path().filename().string().rfind(".overwritten-", 0) == 0) fs::remove_all(e.path());
+  } catch (const std::exception& e) {
+    LSTM_THROW("could not remove the earlier run in " << out_dir.string() << " (--overwrite): " << e.what());
+  }
+}
+
 // A resume must continue exactly as an uninterrupted run: after a step every param has its
 // optimizer state (Adam's moments would otherwise silently restart), and there is no state for
 // params this model does not have.
@@ -499,11 +529,26 @@ TrainResult train(const TrainOptions& opts) {
     const std::string tf = (resume_dir / "trainer.safetensors").string();
     trainer_file = read_safetensors(tf);
     cfg = stored_config(trainer_file.metadata, "config", tf);
+    const auto& sch = cfg["train"]["schedule"];
+    if (opts.steps >= 0 && sch.is_object() && sch.value("type", "") == "cosine" &&
+        opts.steps > sch.value("total_steps", opts.steps)) {
+      // Past its end a cosine schedule stays at min_lr: the extra steps would barely train (or not
+      // at all with min_lr 0), and nothing would say so.
+      const int64_t end = sch.value("total_steps", int64_t{0});
+      LSTM_THROW("cannot resume " << out_dir.string() << " to step " << opts.steps << ": its cosine learning-rate "
+                                  << "schedule ends at step " << end << " with lr " << sch.value("min_lr", 0.0)
+                                  << ", so the steps after it would train at that final rate. Resume to at most step "
+                                  << end << ", or train a new run with train.steps (and schedule.total_steps) "
+                                  << opts.steps << " (--overwrite or another --out)");
+    }
     if (opts.steps >= 0) {
       cfg["train"]["steps"] = opts.steps;
       cfg = resolve_train_config(cfg);
     }
   } else {
+    if (const std::string prev = previous_run(out_dir); !prev.empty() && !opts.overwrite)
+      LSTM_THROW(out_dir.string() << " holds another run's " << prev << ": use --resume to continue it or --overwrite "
+                                  << "to start over (removes its checkpoints and model), or give another --out");
     nlohmann::json user = opts.config;
     if (opts.steps >= 0 && user.is_object()) user["train"]["steps"] = opts.steps;
     cfg = resolve_train_config(user);
@@ -562,6 +607,8 @@ TrainResult train(const TrainOptions& opts) {
   } else {
     model.init(model_rng);
     fs::create_directories(out_dir);
+    // Only now, with the configuration and data known good, is the earlier run given up.
+    if (opts.overwrite) remove_previous_run(out_dir);
   }
   log << model.summary() << "\n";
   if (data.corpus)
@@ -655,10 +702,11 @@ TrainResult train(const TrainOptions& opts) {
       opt->step(params, sched->lr(step));
       ++step;
     }
+    const int stop_req = opts.stop ? opts.stop->load(std::memory_order_relaxed) : 0;
     const bool last = step == steps;
     const bool log_now = step % log_every == 0 || last;
-    const bool eval_now = (eval_every > 0 && step % eval_every == 0) || last;
-    const bool ckpt_now = (ckpt_every > 0 && step % ckpt_every == 0) || last;
+    const bool eval_now = !stop_req && ((eval_every > 0 && step % eval_every == 0) || last);
+    const bool ckpt_now = (ckpt_every > 0 && step % ckpt_every == 0) || last || stop_req;
     if ((log_now || eval_now || ckpt_now) && !flush()) return res;
     if (log_now && win_n > 0) {
       double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -695,6 +743,13 @@ TrainResult train(const TrainOptions& opts) {
     if (ckpt_now) {
       last_good = save_checkpoint(out_dir, step, model, meta, *opt, data_rng, model_rng, cfg, tc["keep_checkpoints"]);
       res.last_checkpoint = last_good;
+    }
+    if (stop_req) {
+      if (last) save_model((out_dir / "model.safetensors").string(), model, meta);
+      log << (tty ? "\n" : "") << "stopped on request after step " << step << "; checkpoint " << last_good << "\n";
+      res.step = step;
+      res.stopped_by = stop_req;
+      return res;
     }
   }
   res.step = step;
