@@ -35,7 +35,6 @@
 #include "cuda/cublas_util.hpp"
 #include "cuda/exec.hpp"
 #include "cuda/graph_cache.hpp"
-#include "cuda/timing.hpp"
 #include "cuda/lstm_fused_kernels.cuh"
 #include "cudnn/lstm_cudnn_kernels.hpp"
 
@@ -109,9 +108,18 @@ void launch_relayout(cudaStream_t s, const S* src, D* dst, int64_t Tn, int64_t B
 
 // ---- Owned CUDA resources ----------------------------------------------------------------
 
-// Events only order streams here: no timing.
-struct SyncEvent : Event {
-  SyncEvent() : Event(cudaEventDisableTiming) {}
+class Event {
+ public:
+  Event() { LSTM_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~Event() {
+    if (e_) cudaEventDestroy(e_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
 };
 
 // A stream of the instance with its own cuBLAS handle and workspace: a handle shared between
@@ -400,7 +408,7 @@ class FusedLstm final : public LstmBackend {
 
   int lane_device_ = -1;
   std::vector<std::unique_ptr<Lane>> lanes_;
-  std::unique_ptr<SyncEvent> fork_, release_;
+  std::unique_ptr<Event> fork_, release_;
 
   // The plan per (T, B, mode): the byte sizes of a call's buffers (mode: forward saving and/or
   // dropout, or backward).
@@ -441,8 +449,8 @@ void FusedLstm<E>::ensure_lanes(int device) {
   }
   std::vector<std::unique_ptr<Lane>> lanes;
   for (size_t k = 0; k < n_lanes_; ++k) lanes.push_back(std::make_unique<Lane>());
-  fork_ = std::make_unique<SyncEvent>();
-  release_ = std::make_unique<SyncEvent>();
+  fork_ = std::make_unique<Event>();
+  release_ = std::make_unique<Event>();
   lanes_ = std::move(lanes);
   lane_device_ = device;
 }

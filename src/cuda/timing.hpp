@@ -9,11 +9,10 @@
 
 namespace lstm::cuda {
 
-// An owned CUDA event; the default flags let it time, cudaEventDisableTiming makes a cheaper one
-// for ordering streams only.
+// An owned CUDA event (default flags: it can time).
 class Event {
  public:
-  explicit Event(unsigned flags = cudaEventDefault) { LSTM_CUDA_CHECK(cudaEventCreateWithFlags(&h_, flags)); }
+  Event() { LSTM_CUDA_CHECK(cudaEventCreate(&h_)); }
   ~Event() {
     if (h_) cudaEventDestroy(h_);
   }
