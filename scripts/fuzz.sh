@@ -23,6 +23,8 @@
 #   LSTM_FUZZ_BUILD     build folder (default build-fuzz)
 #   LSTM_FUZZ_FINDINGS  where findings are saved (default BUILD_DIR/findings)
 #   LSTM_FUZZ_CXX       clang++ to build with (default: clang++-14, else clang++)
+#   LSTM_FUZZ_SEED      libFuzzer's -seed (default: a random one each run); scripts/test.sh's fuzz
+#                       part fixes it so that CI explores the same inputs on every run
 #   LSTM_FUZZ_ARGS      extra libFuzzer arguments for the fuzzing step, e.g. "-max_len=4096"
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -37,6 +39,8 @@ for t in "${targets[@]}"; do
   [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (targets: ${ALL_TARGETS[*]})" >&2; exit 64; }
 done
 [[ "$SECONDS_EACH" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: LSTM_FUZZ_SECONDS must be a whole number, got '$SECONDS_EACH'" >&2; exit 64; }
+SEED=${LSTM_FUZZ_SEED:-}
+[[ -z "$SEED" || "$SEED" =~ ^[1-9][0-9]{0,8}$ ]] || { echo "fuzz.sh: LSTM_FUZZ_SEED must be a whole number in [1, 999999999], got '$SEED'" >&2; exit 64; }
 
 log() { echo "[fuzz.sh $(date +%H:%M:%S)] $*"; }
 
@@ -60,7 +64,8 @@ FINDINGS=${LSTM_FUZZ_FINDINGS:-$BUILD/findings}
 mkdir -p "$FINDINGS" "$BUILD/logs"
 FINDINGS=$(cd "$FINDINGS" && pwd)
 extra=()
-[[ -n "${LSTM_FUZZ_ARGS:-}" ]] && read -r -a extra <<<"$LSTM_FUZZ_ARGS"
+[[ -n "$SEED" ]] && extra+=(-seed="$SEED")
+[[ -n "${LSTM_FUZZ_ARGS:-}" ]] && read -r -a more <<<"$LSTM_FUZZ_ARGS" && extra+=("${more[@]}")
 # UB aborts (-fno-sanitize-recover); its report needs the stack to be useful.
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 # -timeout: a parser that takes 10 s on one small input is stuck. -rss_limit_mb (libFuzzer's
@@ -107,7 +112,7 @@ report_finding() {
 }
 
 touch "$BUILD/logs/.start"
-log "targets: ${targets[*]}; ${SECONDS_EACH}s each, $JOBS at a time; findings go to $FINDINGS"
+log "targets: ${targets[*]}; ${SECONDS_EACH}s each, $JOBS at a time, seed ${SEED:-random}; findings go to $FINDINGS"
 failed=()
 running=0
 start=$SECONDS

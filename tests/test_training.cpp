@@ -299,4 +299,10 @@ TEST(Training, SizesAndTypesAreBoundedAndNamed) {
               ::testing::HasSubstr("field \"beta1\" must be a number"));
   for (const std::string& e : {err({{"train", {{"threads", "4"}}}}), err({{"task", 3}})})
     EXPECT_THAT(e, Not(::testing::HasSubstr("json.exception")));
+  // Fields that are looked at before their own check (a schedule's type, its total_steps, the last
+  // layer's type) must not throw nlohmann's type_error either (a fuzzer found the schedule's).
+  EXPECT_THAT(err({{"train", {{"schedule", {{"type", 1.5}}}}}}), ::testing::HasSubstr("must be a string"));
+  EXPECT_THAT(err({{"train", {{"schedule", {{"type", "cosine"}, {"total_steps", "9"}}}}}}),
+              ::testing::HasSubstr("total_steps"));
+  EXPECT_THAT(err(nlohmann::json{{"model", {{"layers", {{{"type", 7}}}}}}}), ::testing::HasSubstr("model.layers[0]"));
 }

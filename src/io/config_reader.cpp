@@ -174,4 +174,10 @@ std::string read_string(const json& v, const std::string& name) {
   return s;
 }
 
+bool field_is(const json& obj, std::string_view key, std::string_view value) {
+  if (!obj.is_object()) return false;
+  const auto it = obj.find(std::string(key));
+  return it != obj.end() && it->is_string() && it->get_ref<const std::string&>() == value;
+}
+
 }  // namespace lstm

@@ -60,5 +60,9 @@ int64_t read_int(const nlohmann::json& v, const std::string& name, int64_t lo, i
 double read_number(const nlohmann::json& v, const std::string& name, double lo, double hi);
 bool read_bool(const nlohmann::json& v, const std::string& name);
 std::string read_string(const nlohmann::json& v, const std::string& name);
+// True when `obj` is an object whose field `key` is the string `value`. Never throws (unlike
+// nlohmann's value(key, default), which throws on a field of another type): a field of the wrong
+// type is left for its own typed read to report.
+bool field_is(const nlohmann::json& obj, std::string_view key, std::string_view value);
 
 }  // namespace lstm

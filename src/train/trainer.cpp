@@ -137,7 +137,7 @@ nlohmann::json model_json(const nlohmann::json& cfg, const TaskData& d) {
   LSTM_REQUIRE(user.is_array() && !user.empty(), "config: 'model.layers' must be a non-empty list of layers");
   for (size_t i = 0; i < user.size(); ++i) {
     nlohmann::json l = user[i];
-    if (i + 1 == user.size() && l.value("type", "") == "dense" && !l.contains("out_features"))
+    if (i + 1 == user.size() && field_is(l, "type", "dense") && !l.contains("out_features"))
       l["out_features"] = d.outputs;
     layers.push_back(l);
   }
@@ -475,7 +475,7 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
   // Each layer is checked here, sizes and all, so a bad one fails before any data is read.
   for (size_t i = 0; i < layers.size(); ++i) {
     nlohmann::json l = layers[i];
-    if (i + 1 == layers.size() && l.is_object() && l.value("type", "") == "dense" && !l.contains("out_features"))
+    if (i + 1 == layers.size() && field_is(l, "type", "dense") && !l.contains("out_features"))
       l["out_features"] = 1;  // filled in from the data later
     if (l.is_object()) l.erase("name");
     try {
@@ -507,8 +507,10 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
                                                 << json_excerpt(t["sample_temperature"]));
   auto& sch = t["schedule"];
   const bool user_schedule = user.contains("train") && user["train"].is_object() && user["train"].contains("schedule");
-  if (sch.is_object() && sch.value("type", "") == "cosine") {
-    if (sch.value("total_steps", int64_t{0}) == 0) sch["total_steps"] = t["steps"];
+  if (field_is(sch, "type", "cosine")) {
+    // total_steps 0 (or absent) means "the run's steps"; a total_steps of another type is left
+    // for schedule_from_json to report.
+    if (!sch.contains("total_steps") || sch["total_steps"] == 0) sch["total_steps"] = t["steps"];
     // The default warm-up must fit short runs.
     if (!user_schedule) sch["warmup_steps"] = std::min<int64_t>(50, t["steps"].get<int64_t>() / 10);
   }
@@ -530,7 +532,7 @@ TrainResult train(const TrainOptions& opts) {
     trainer_file = read_safetensors(tf);
     cfg = stored_config(trainer_file.metadata, "config", tf);
     const auto& sch = cfg["train"]["schedule"];
-    if (opts.steps >= 0 && sch.is_object() && sch.value("type", "") == "cosine" &&
+    if (opts.steps >= 0 && field_is(sch, "type", "cosine") &&
         opts.steps > sch.value("total_steps", opts.steps)) {
       // Past its end a cosine schedule stays at min_lr: the extra steps would barely train (or not
       // at all with min_lr 0), and nothing would say so.
