@@ -235,6 +235,9 @@ TEST(Training, ResumeRefusesIncompleteStateAndForeignCheckpoints) {
   write_safetensors(tf, bad_step.tensors, bad_step.metadata);
   EXPECT_THAT(resume_error(), ::testing::HasSubstr(tf + ": metadata \"step\" must be a non-negative integer, got \"two\""));
   write_safetensors(tf, good.tensors, good.metadata);
+  // Resuming to a step below the checkpoint's: training cannot go back.
+  EXPECT_THAT(train_error(opts({}, run.string(), true, 1, &log)),
+              ::testing::HasSubstr("to step 1: its latest checkpoint step-00000002 is already at step 2"));
 
   // `latest` naming another run's checkpoint, or binary junk.
   fs::path other = d / "other";
@@ -305,4 +308,47 @@ TEST(Training, SizesAndTypesAreBoundedAndNamed) {
   EXPECT_THAT(err({{"train", {{"schedule", {{"type", "cosine"}, {"total_steps", "9"}}}}}}),
               ::testing::HasSubstr("total_steps"));
   EXPECT_THAT(err(nlohmann::json{{"model", {{"layers", {{{"type", 7}}}}}}}), ::testing::HasSubstr("model.layers[0]"));
+}
+
+// A job whose step cannot fit in memory is refused before the step allocates it, with the
+// estimate, the limit and where the sizes come from (the OOM killer would end it with no message).
+// The logits of this job are small (10 characters): the LSTM's saved activations are what
+// cannot fit (about 64 * 1e6 steps * 14 * 2048 floats).
+TEST(Training, JobTooLargeForMemoryIsRefusedBeforeItStarts) {
+  fs::path d = temp_dir("too_large");
+  {
+    std::ofstream f(d / "text.txt");
+    for (int i = 0; i < 200; ++i) f << "0123456789";
+  }
+  nlohmann::json cfg = {{"task", "charlm"},
+                        {"data", {{"path", (d / "text.txt").string()}, {"valid_fraction", 0.5}}},
+                        {"model", {{"embedding_dim", 8}, {"layers", {{{"type", "lstm"}, {"hidden_size", 2048}}, {{"type", "dense"}}}}}},
+                        {"train", {{"steps", 1}, {"batch_size", 64}, {"seq_len", 1000000}}}};
+  std::ostringstream log;
+  try {
+    train(opts(cfg, (d / "run").string(), false, -1, &log));
+    ADD_FAILURE() << "a training step of about 700 GiB was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("this training job needs about"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("batch 64 x 1000000 steps from train.seq_len"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("GiB of memory of this machine"));
+  }
+  EXPECT_FALSE(fs::exists(d / "run" / "checkpoints"));
+  fs::remove_all(d);
+}
+
+// The estimate itself: an LSTM stack's saved activations grow with layers, directions, batch and
+// steps; inference keeps one layer at a time.
+TEST(Training, ModelMemoryEstimateScalesWithTheJob) {
+  Model m;
+  m.add(make_lstm({.hidden_size = 64, .num_layers = 2})).add(make_dense(10));
+  m.build({SignalKind::Sequence, 16});
+  const double train1 = m.memory_bytes(8, 100, true, 4), train2 = m.memory_bytes(16, 100, true, 4);
+  const double params = 4.0 * 4 * static_cast<double>(m.num_parameters());
+  // Activations double with the batch; parameters (and optimizer state) do not.
+  EXPECT_NEAR(train2 - params, 2 * (train1 - params), 1e-6 * train2);
+  // At least the gates, cell states and hidden states of both layers: 8*100*2*(4+2+1)*64 floats.
+  EXPECT_GE(train1 - params, 8.0 * 100 * 2 * 7 * 64 * 4);
+  EXPECT_LT(m.memory_bytes(8, 100, false, 4), train1);
+  EXPECT_GT(m.memory_bytes(8, 100, true, 8), train1);
 }

@@ -78,6 +78,7 @@ class CsvDataset {
   int64_t num_classes() const { return static_cast<int64_t>(class_names_.size()); }
   bool is_tokens() const { return tokens_; }
   int64_t features() const { return features_; }           // numeric: F; tokens: vocabulary size
+  int64_t max_length() const;  // steps of the longest sequence (a batch's padded length at most)
   const std::vector<std::string>& class_names() const { return class_names_; }
   const std::vector<std::string>& token_names() const { return token_names_; }
   // Rows [indices], padded to the longest (pad value 0), targets I64 [B].

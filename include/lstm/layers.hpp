@@ -81,6 +81,14 @@ class Layer {
   virtual void set_stateful(bool on) { (void)on; }
   // Human-readable one-liner, e.g. "Dense(512 -> 10)".
   virtual std::string describe() const = 0;
+  // Elements, beyond its output, that one forward (and backward, when training) of a batch of
+  // `batch` sequences of `steps` steps keeps alive at once in this layer: what it saves for
+  // backward, its scratch. An estimate for Model::memory_bytes; 0 for layers that keep nothing
+  // but their output. Call after build().
+  virtual double extra_elements(int64_t batch, int64_t steps, bool training) const {
+    (void)batch, (void)steps, (void)training;
+    return 0;
+  }
 };
 
 // nn.Embedding(num_embeddings, embedding_dim[, padding_idx]). Token ids outside

@@ -59,6 +59,12 @@ class Model {
   std::vector<Param> parameters();  // full names
   void zero_grad();
   int64_t num_parameters() const;
+  // An estimate of the memory one step takes on a batch of `batch` sequences of `steps` steps, in
+  // bytes, with activations of `act_bytes` bytes each: parameters (and when training their
+  // gradients and two optimizer buffers), every layer's output (and its gradient) and what the
+  // layers keep besides (Layer::extra_elements). Computed in floating point, so any sizes give a
+  // (huge) answer rather than an overflow. Used to refuse a job that cannot fit before it starts.
+  double memory_bytes(int64_t batch, int64_t steps, bool training, int64_t act_bytes) const;
   // name -> value (shared handles). load_state_dict copies values in, converting dtype; strict:
   // every parameter present and nothing extra. Errors name the tensor and both shapes.
   std::map<std::string, Tensor> state_dict() const;
@@ -77,6 +83,7 @@ class Model {
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::string> names_;
+  std::vector<Signal> outputs_;  // each layer's output signal (set by build)
   Signal input_, output_;
   DType dtype_ = DType::F32;
   bool built_ = false;

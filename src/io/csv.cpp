@@ -301,6 +301,13 @@ Batch CsvDataset::batch(const std::vector<int64_t>& indices) const {
   return out;
 }
 
+int64_t CsvDataset::max_length() const {
+  const size_t width = tokens_ ? 1 : static_cast<size_t>(features_);
+  size_t longest = 0;
+  for (const auto& seq : sequences_) longest = std::max(longest, seq.size() / width);
+  return static_cast<int64_t>(longest);
+}
+
 std::pair<std::vector<int64_t>, std::vector<int64_t>> CsvDataset::split(double valid_fraction, Rng& rng) const {
   LSTM_REQUIRE(valid_fraction >= 0.0 && valid_fraction < 1.0,
                "CsvDataset::split: valid_fraction must be in [0, 1), got " << valid_fraction);

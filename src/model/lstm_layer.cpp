@@ -55,6 +55,22 @@ class LstmLayer final : public Layer {
     dtype_ = dtype;
     return {output_ == "h_n" ? SignalKind::Vector : SignalKind::Sequence, spec_.directions() * spec_.out_size()};
   }
+  double extra_elements(int64_t batch, int64_t steps, bool training) const override {
+    // What the reference keeps per layer and direction (the GPU backends keep about as much in
+    // their reserve space): the activated gates, the cell state before and after each step, the
+    // previous hidden state and, with a projection, o * tanh(c); per layer its input (and the
+    // dropout mask) and its output. Inference keeps one layer's input projections of all steps
+    // and its output.
+    const double BT = static_cast<double>(batch) * static_cast<double>(steps);
+    const double H = static_cast<double>(spec_.hidden_size), Hout = static_cast<double>(spec_.out_size());
+    const double D = static_cast<double>(spec_.directions()), L = static_cast<double>(spec_.num_layers);
+    const double In0 = static_cast<double>(spec_.input_size), In = D * Hout;
+    if (!training) return BT * (D * 4 * H + 2 * In);
+    const double per_dir = 4 * H + 2 * H + Hout + (spec_.proj_size > 0 ? H : 0);
+    const double inputs = In0 + (L - 1) * In * (spec_.dropout > 0 ? 2 : 1);
+    // Backward's scratch: the gate gradients of one layer and the gradient of its input.
+    return BT * (L * D * per_dir + inputs + L * In + D * 4 * H + In);
+  }
   void init(Rng& rng) override {
     if (weights_.empty() || weights_[0].device() == Device::CPU) {
       lstm_init_weights(spec_, weights_, rng);

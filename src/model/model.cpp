@@ -58,12 +58,14 @@ void Model::build(const Signal& input, DType dtype) {
   LSTM_REQUIRE(!layers_.empty(), "Model::build: the model has no layers");
   LSTM_REQUIRE(dtype == DType::F32 || dtype == DType::F64, "Model::build: dtype must be F32 or F64, got " << dtype_name(dtype));
   Signal s = input;
+  outputs_.clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
     try {
       s = layers_[i]->build(s, dtype);
     } catch (const Error& e) {
       LSTM_THROW("layer " << i << " '" << names_[i] << "' (" << layers_[i]->kind() << "): " << e.what());
     }
+    outputs_.push_back(s);
   }
   input_ = input;
   output_ = s;
@@ -120,6 +122,27 @@ Act Model::backward(const Act& grad_out) {
     if (!g.data.defined()) break;  // token input: nothing flows further back
   }
   return g;
+}
+
+double Model::memory_bytes(int64_t batch, int64_t steps, bool training, int64_t act_bytes) const {
+  LSTM_REQUIRE(built_, "Model::memory_bytes: build the model first");
+  const double B = static_cast<double>(batch), T = static_cast<double>(steps);
+  auto elements = [&](const Signal& s) { return (s.kind == SignalKind::Vector ? B : B * T) * static_cast<double>(s.features); };
+  const double params = static_cast<double>(num_parameters()) * static_cast<double>(dtype_size(dtype_));
+  double acts = 0;
+  if (training) {
+    // Every layer's output lives until backward, and its gradient is made on the way back.
+    for (size_t i = 0; i < layers_.size(); ++i)
+      acts += 2 * elements(outputs_[i]) + layers_[i]->extra_elements(batch, steps, true);
+  } else {
+    // Inference keeps one layer's input and output at a time.
+    Signal in = input_;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      acts = std::max(acts, elements(in) + elements(outputs_[i]) + layers_[i]->extra_elements(batch, steps, false));
+      in = outputs_[i];
+    }
+  }
+  return params * (training ? 4 : 1) + acts * static_cast<double>(act_bytes);
 }
 
 std::vector<Param> Model::parameters() {

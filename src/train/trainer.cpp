@@ -450,6 +450,29 @@ std::string fmt_rate(double r) {
   return os.str();
 }
 
+// Refuses, before a step allocates anything large, a job whose step cannot fit in the memory of
+// the device it runs on (Model::memory_bytes' estimate; the OOM killer gives no message).
+// `steps_from` names where the number of steps comes from, for the error.
+void require_step_fits(const Model& model, int64_t batch, int64_t steps, bool training, const Placement& p,
+                       const std::string& steps_from, const std::string& what) {
+  const int64_t act_bytes =
+      p.device == Device::CUDA ? static_cast<int64_t>(dtype_size(precision_dtype(p.precision))) : dtype_size(model.dtype());
+  const double need = model.memory_bytes(batch, steps, training, act_bytes);
+  double have = static_cast<double>(physical_memory_bytes());
+  std::string where = "this machine";
+  if (p.device == Device::CUDA) {
+    const auto gpus = cuda_devices();
+    have = gpus.empty() ? 0 : static_cast<double>(gpus.front().memory_bytes);
+    where = gpus.empty() ? "the GPU" : "the GPU (" + gpus.front().name + ")";
+  }
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  LSTM_REQUIRE(have == 0 || need <= have,
+               what << " needs about " << std::setprecision(3) << need / kGiB << " GiB for one "
+                    << (training ? "training step" : "batch") << " (batch " << batch << " x " << steps << " steps from "
+                    << steps_from << ", " << model.num_parameters() << " parameters), more than the " << have / kGiB
+                    << " GiB of memory of " << where << ": lower the batch size or the sequence length");
+}
+
 }  // namespace
 
 nlohmann::json resolve_train_config(const nlohmann::json& user) {
@@ -565,19 +588,9 @@ TrainResult train(const TrainOptions& opts) {
 
   TaskData data = load_task_data(cfg);
   Model model = Model::from_json(model_json(cfg, data));
-  {
-    // The parameters fit (they are allocated); refuse here, before the first step allocates
-    // them, a job whose optimizer state and batches cannot fit too. A lower bound: parameters,
-    // gradients and two optimizer buffers, plus the logits and their gradient of one batch.
-    const int64_t params = model.num_parameters();
-    const int64_t logits = checked_mul(checked_mul(B, data.corpus ? T : 1, "batch_size * seq_len"), data.outputs,
-                                       "logits per batch");
-    const int64_t bytes = checked_add(checked_mul(params, 4 * 4, "parameter bytes"),
-                                      checked_mul(logits, 2 * 4, "logit bytes"), "training memory");
-    require_memory(static_cast<uint64_t>(bytes),
-                   "this training job (" + std::to_string(params) + " parameters with gradients and optimizer state; "
-                       "batch_size " + std::to_string(B) + ", seq_len " + std::to_string(T) + ")");
-  }
+  require_step_fits(model, B, data.corpus ? T : data.csv->max_length(), /*training=*/true, opts.placement,
+                    data.corpus ? "train.seq_len" : "the longest sequence of " + cfg["data"]["path"].get<std::string>(),
+                    "this training job");
   auto opt = optimizer_from_json(tc["optimizer"]);
   auto sched = schedule_from_json(tc["schedule"]);
   const uint64_t seed = tc["seed"];
@@ -592,6 +605,13 @@ TrainResult train(const TrainOptions& opts) {
     model.load_state_dict(loaded.state_dict(), true);
     const std::string tf = (resume_dir / "trainer.safetensors").string();
     step = metadata_int(trainer_file.metadata, "step", tf);
+    // Training cannot go back: --steps below the checkpoint would silently finish at a later step
+    // than asked and call it done.
+    LSTM_REQUIRE(opts.steps < 0 || opts.steps >= step,
+                 "cannot resume " << out_dir.string() << " to step " << opts.steps << ": its latest checkpoint "
+                                  << resume_dir.filename().string() << " is already at step " << step
+                                  << " (give --steps " << step << " or more; an earlier model is in the checkpoints "
+                                  << "that keep_checkpoints kept)");
     LSTM_REQUIRE(step == step_of_dir_name(resume_dir.filename().string()),
                  tf << ": metadata \"step\" is " << step << ", but the checkpoint folder is " << resume_dir.filename().string());
     std::map<std::string, Tensor> ostate;
