@@ -104,6 +104,42 @@ TEST(Cli, ForwardMatchesPyTorchGoldenFiles) {
   fs::remove_all(d);
 }
 
+// A model's state_dict (lstm.weight_ih_l0, fc.weight, ...) runs like a bare nn.LSTM's: its only
+// LSTM is found, or --prefix picks one of several; the results equal the bare file's.
+TEST(Cli, ForwardFindsTheLstmOfAModelStateDict) {
+  fs::path d = temp_dir("prefix");
+  LstmSpec s{.input_size = 3, .hidden_size = 4};
+  Rng rng(7);
+  const std::map<std::string, Tensor> bare = random_state_dict(s, rng);
+  std::map<std::string, Tensor> model{{"fc.weight", Tensor::zeros({2, 4})}}, two;
+  for (const auto& [k, v] : bare) model["lstm." + k] = two["enc." + k] = two["dec." + k] = v;
+  write_safetensors((d / "bare.safetensors").string(), bare);
+  write_safetensors((d / "model.safetensors").string(), model);
+  write_safetensors((d / "two.safetensors").string(), two);
+  Tensor x = Tensor::empty({5, 2, 3}, DType::F32);
+  rng.fill_normal(x, 0, 1);
+  write_safetensors((d / "x.safetensors").string(), {{"input", x}});
+  auto fwd = [&](const std::string& m, const std::string& out, const std::string& extra = "") {
+    return run_cli("forward --model " + (d / m).string() + " --input " + (d / "x.safetensors").string() + " --output " +
+                   (d / out).string() + " " + extra);
+  };
+  ASSERT_EQ(fwd("bare.safetensors", "y0.safetensors").code, 0);
+  const Tensor want = read_safetensors((d / "y0.safetensors").string()).tensors.at("output");
+  for (const auto& [m, extra] : std::vector<std::pair<std::string, std::string>>{
+           {"model.safetensors", ""}, {"model.safetensors", "--prefix lstm"}, {"two.safetensors", "--prefix dec."}}) {
+    CliRun r = fwd(m, "y1.safetensors", extra);
+    ASSERT_EQ(r.code, 0) << m << " " << extra << "\n" << r.out;
+    EXPECT_EQ(rel_l2_error(read_safetensors((d / "y1.safetensors").string()).tensors.at("output"), want), 0) << m;
+  }
+  CliRun several = fwd("two.safetensors", "y2.safetensors");
+  EXPECT_EQ(several.code, 1);
+  EXPECT_THAT(several.out, HasSubstr("holds 2 LSTMs ('dec.weight_ih_l0', 'enc.weight_ih_l0'): choose one with --prefix"));
+  CliRun wrong = fwd("model.safetensors", "y2.safetensors", "--prefix encoder");
+  EXPECT_THAT(wrong.out, HasSubstr("--prefix encoder.: no tensor 'encoder.weight_ih_l0' (nn.LSTM weights found: "
+                                   "'lstm.weight_ih_l0')"));
+  fs::remove_all(d);
+}
+
 TEST(Cli, ForwardBadInputsGiveClearErrors) {
   fs::path d = temp_dir("badfwd");
   LstmSpec s{.input_size = 3, .hidden_size = 4};

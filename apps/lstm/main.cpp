@@ -105,17 +105,39 @@ const Tensor& floating_tensor(const Tensor& t, const std::string& file, const st
   return t;
 }
 
+// Which nn.LSTM of a state_dict `lstm forward` runs: --prefix's ("lstm" and "lstm." alike), else the
+// file's only one, bare (weight_ih_l0) or inside a model (lstm.weight_ih_l0).
+std::string lstm_prefix_of(const std::map<std::string, Shape>& shapes, std::string given, const std::string& file) {
+  const std::vector<std::string> found = LstmSpec::find_prefixes(shapes);
+  std::string names;
+  for (const auto& p : found) names += (names.empty() ? "'" : ", '") + p + "weight_ih_l0'";
+  if (!given.empty()) {
+    if (given.back() != '.') given += '.';
+    LSTM_REQUIRE(std::find(found.begin(), found.end(), given) != found.end(),
+                 file << ": --prefix " << given << ": no tensor '" << given << "weight_ih_l0'"
+                      << (found.empty() ? std::string(" (the file holds no nn.LSTM weights)")
+                                        : " (nn.LSTM weights found: " + names + ")"));
+    return given;
+  }
+  LSTM_REQUIRE(!found.empty(), file << ": no nn.LSTM weights found: expected a tensor 'weight_ih_l0' (a bare "
+                                       "nn.LSTM's state_dict) or 'NAME.weight_ih_l0' (a model's)");
+  LSTM_REQUIRE(found.size() == 1, file << " holds " << found.size() << " LSTMs (" << names
+                                       << "): choose one with --prefix");
+  return found.front();
+}
+
 int cmd_forward(const std::string& model_path, const std::string& input_path, const std::string& output_path,
                 const std::string& dtype_arg, const std::string& device_arg, const std::string& algo_arg,
-                const std::string& cudnn_algo, bool allow_nonfinite) {
+                const std::string& cudnn_algo, const std::string& prefix_arg, bool allow_nonfinite) {
   const Device device = device_from_name(device_arg);
   if (device == Device::CUDA) require_cuda("--device cuda");
   SafetensorsFile m = read_safetensors(model_path);
   std::map<std::string, Shape> shapes;
   for (auto& [k, v] : m.tensors) shapes[k] = v.shape();
   LstmSpec spec;
+  const std::string prefix = lstm_prefix_of(shapes, prefix_arg, model_path);
   try {
-    spec = LstmSpec::infer(shapes);
+    spec = LstmSpec::infer(shapes, prefix);
     // Sizes read from shapes may come from empty tensors, so they are bounded as a config's are.
     checked_size(spec.hidden_size, 1, kMaxDim, "hidden size");
     checked_size(spec.input_size, 0, kMaxDim, "input size");
@@ -167,7 +189,7 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
   {
     const auto names = spec.param_names();
     for (size_t i = 0; i < names.size(); ++i)
-      weights[i].copy_(prep(floating_tensor(m.tensors.at(names[i]), model_path, names[i], allow_nonfinite)));
+      weights[i].copy_(prep(floating_tensor(m.tensors.at(prefix + names[i]), model_path, prefix + names[i], allow_nonfinite)));
   }
   LstmInput in;
   in.x = prep(input);
@@ -230,10 +252,7 @@ int cmd_info(const std::string& model_path, bool allow_nonfinite) {
     // What Algo::Auto measured for the model's LSTM stacks (on this machine's GPUs).
     std::map<std::string, Shape> shapes;
     for (const auto& [name, t] : m.state_dict()) shapes[name] = t.shape();
-    const std::string first = "weight_ih_l0";
-    for (const auto& [name, shape] : shapes) {
-      if (name.size() < first.size() || name.compare(name.size() - first.size(), first.size(), first) != 0) continue;
-      const std::string prefix = name.substr(0, name.size() - first.size());
+    for (const std::string& prefix : LstmSpec::find_prefixes(shapes)) {
       const std::vector<std::string> choices = lstm_auto_choices(LstmSpec::infer(shapes, prefix));
       std::cout << "auto's choices for " << (prefix.empty() ? std::string("the LSTM") : prefix.substr(0, prefix.size() - 1))
                 << (choices.empty() ? ": none measured yet\n" : ":\n");
@@ -312,7 +331,9 @@ int main(int argc, char** argv) {
 
   auto* fwd = app.add_subcommand("forward", "run an nn.LSTM state_dict on inputs from a safetensors file");
   std::string in_path, out_path, dtype_arg, algo_arg = "auto", fwd_cudnn_algo = "auto";
-  fwd->add_option("--model", model_arg, "safetensors with an nn.LSTM state_dict (weight_ih_l0, ...)")->required();
+  fwd->add_option("--model", model_arg,
+                  "safetensors with an nn.LSTM state_dict (weight_ih_l0, ...) or a model's holding one (lstm.weight_ih_l0, ...)")
+      ->required();
   fwd->add_option("--input", in_path, "safetensors with input [T,B,I], optional lengths [B], h0, c0")->required();
   fwd->add_option("--output", out_path, "safetensors to write: output, h_n, c_n")->required();
   fwd->add_option("--dtype", dtype_arg, "f64|f32|tf32|bf16|f16 (default: the input's dtype)");
@@ -325,6 +346,10 @@ int main(int argc, char** argv) {
                   "standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic (auto: the "
                   "fastest that accepts the shape, timed once; heuristic: PyTorch's rule)")
       ->capture_default_str();
+  std::string fwd_prefix;
+  fwd->add_option("--prefix", fwd_prefix,
+                  "which nn.LSTM of the file to run, by its attribute name (\"lstm\" for lstm.weight_ih_l0); default: "
+                  "the file's only one");
   fwd->add_flag("--allow-nonfinite", allow_nonfinite, "accept NaN/Inf weights, h0 or c0");
 
   // CLI11 would only say that a subcommand is required; a misspelt one deserves its name back.
@@ -397,7 +422,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*info) return cmd_info(model_arg, allow_nonfinite);
-    if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg, fwd_cudnn_algo, allow_nonfinite);
+    if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg, fwd_cudnn_algo, fwd_prefix,
+                                   allow_nonfinite);
   } catch (const lstm::Error& e) {
     std::cerr << "lstm: error: " << e.what() << "\n";
     return 1;

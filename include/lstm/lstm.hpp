@@ -90,6 +90,9 @@ struct LstmSpec {
   // Reads sizes, layer count, directions, proj_size and bias from nn.LSTM state_dict names and
   // shapes (names start with `prefix`). Throws naming the first missing or inconsistent tensor.
   static LstmSpec infer(const std::map<std::string, Shape>& shapes, const std::string& prefix = "");
+  // The prefixes of every nn.LSTM in a state_dict: "" for a bare nn.LSTM's, "lstm." for a model
+  // whose attribute `lstm` is one (each name P such that P + "weight_ih_l0" is a tensor), sorted.
+  static std::vector<std::string> find_prefixes(const std::map<std::string, Shape>& shapes);
   bool operator==(const LstmSpec&) const = default;
 };
 

@@ -142,6 +142,15 @@ Shape LstmSpec::param_shape(const std::string& name) const {
   return {4 * hidden_size};
 }
 
+std::vector<std::string> LstmSpec::find_prefixes(const std::map<std::string, Shape>& shapes) {
+  const std::string first = "weight_ih_l0";
+  std::vector<std::string> prefixes;
+  for (const auto& [name, shape] : shapes)
+    if (name.size() >= first.size() && name.compare(name.size() - first.size(), first.size(), first) == 0)
+      prefixes.push_back(name.substr(0, name.size() - first.size()));
+  return prefixes;  // the map's order: sorted
+}
+
 LstmSpec LstmSpec::infer(const std::map<std::string, Shape>& shapes, const std::string& prefix) {
   auto find = [&](const std::string& n) -> const Shape* {
     auto it = shapes.find(prefix + n);
