@@ -2,6 +2,7 @@
 // padding behaviour, hand-computed values, dropout statistics, errors and JSON round trips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -209,8 +210,8 @@ TEST(DropoutGrad, SequenceAndVector) {
   check_layer_grads(*dv, {randn({8, 6}, DType::F64, rng), {}});
 }
 
-TEST(ActivationGrad, ReluAndTanh) {
-  for (const char* fn : {"relu", "tanh"}) {
+TEST(ActivationGrad, ReluTanhAndSigmoid) {
+  for (const char* fn : {"relu", "tanh", "sigmoid"}) {
     auto a = make_activation(fn);
     a->build({SignalKind::Sequence, 3}, DType::F64);
     Rng rng(6);
@@ -485,6 +486,40 @@ TEST(Activation, Values) {
   Act gr = r->backward({Tensor::full({1, 4}, 1.0, DType::F64), {}});
   std::vector<double> eg = {0, 0, 1, 1};
   for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(gr.data.get(i), eg[i]);
+}
+
+// torch.sigmoid's values, also where exp(-x) would overflow (no NaN, 1 - y kept for x < 0);
+// the backward is dy * y * (1 - y).
+TEST(Activation, SigmoidValuesAndBackward) {
+  auto s = make_activation("sigmoid");
+  EXPECT_EQ(s->describe(), "Sigmoid");
+  EXPECT_TRUE(s->params().empty());
+  EXPECT_EQ(s->to_json(), nlohmann::json::parse(R"({"type":"activation","fn":"sigmoid"})"));
+  EXPECT_EQ(layer_from_json(s->to_json())->describe(), "Sigmoid");
+  s->build({SignalKind::Vector, 6}, DType::F64);
+  Tensor x = Tensor::from_vector<double>({1, 6}, {-800.0, -30.0, -1.0, 0.0, 2.0, 800.0});
+  Rng rng(15);
+  Act y = s->forward({x, {}}, true, rng);
+  for (int64_t i = 0; i < 6; ++i) {
+    const double want = 1.0 / (1.0 + std::exp(-x.get(i)));
+    EXPECT_NEAR(y.data.get(i), want, 1e-15 * std::max(1.0, want)) << x.get(i);
+  }
+  EXPECT_EQ(y.data.get(0), 0.0);
+  EXPECT_EQ(y.data.get(3), 0.5);
+  EXPECT_EQ(y.data.get(5), 1.0);
+  EXPECT_NEAR(y.data.get(1), std::exp(-30.0), 1e-25);  // relative precision kept far left
+  Tensor dy = Tensor::from_vector<double>({1, 6}, {1, 1, 2, 3, -1, 1});
+  Act g = s->backward({dy, {}});
+  for (int64_t i = 0; i < 6; ++i) {
+    const double yi = y.data.get(i);
+    EXPECT_DOUBLE_EQ(g.data.get(i), dy.get(i) * yi * (1 - yi)) << i;
+  }
+  EXPECT_DOUBLE_EQ(g.data.get(3), 0.75);
+  // F32 agrees with F64.
+  auto s32 = make_activation("sigmoid");
+  s32->build({SignalKind::Vector, 6}, DType::F32);
+  Act y32 = s32->forward({x.to(DType::F32), {}}, false, rng);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_NEAR(y32.data.get(i), y.data.get(i), 1e-7);
 }
 
 TEST(Loss, HandComputedValues) {

@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
   bool resume = false, overwrite = false, allow_nonfinite = false;
   const char* kAllowNonfinite = "load a model with NaN/Inf parameters anyway (to inspect it)";
   train->add_option("--config", config_path, "JSON training configuration (see include/lstm/train.hpp)");
-  train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify)");
+  train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify, regress, tag, forecast)");
   train->add_option("--out", out_dir, "run folder for checkpoints and the final model")->capture_default_str();
   train->add_option("--steps", steps, "total optimizer steps (overrides the config)");
   train->add_option("--threads", threads, "CPU threads (0: all cores)");
@@ -400,8 +400,12 @@ int main(int argc, char** argv) {
                   << "\n";
         return 128 + r.stopped_by;
       }
-      std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
-                << 100 * r.valid_accuracy << "%\n";
+      if (r.regression)
+        std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << " (normalised), MSE "
+                  << r.valid_mse << ", MAE " << r.valid_mae << ", RMSE " << r.valid_rmse << " (original units)\n";
+      else
+        std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
+                  << 100 * r.valid_accuracy << "%\n";
       std::cout << "model: " << out_dir << "/model.safetensors; checkpoint: " << r.last_checkpoint << "\n";
       if (!r.sample.empty()) std::cout << "sample:\n" << r.sample << "\n";
       return 0;
@@ -411,7 +415,11 @@ int main(int argc, char** argv) {
       checked_size(eval_len, 1, kMaxDim, "--seq-len");
       EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len,
                                     make_placement(device, precision, algo, cudnn_algo, cuda_graphs), allow_nonfinite);
-      std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
+      if (r.regression)
+        std::cout << "loss " << r.loss << " (normalised)  MSE " << r.mse << "  MAE " << r.mae << "  RMSE " << r.rmse
+                  << " (original units)  over " << r.count << " targets\n";
+      else
+        std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
       return 0;
     }
     if (*gen) {

@@ -66,6 +66,10 @@ struct TrainResult {
   double train_loss = 0;       // mean loss of the last logged window
   double valid_loss = 0;       // last evaluation
   double valid_accuracy = 0;   // last evaluation (fraction of targets predicted right)
+  // regress, forecast (regression true): the last evaluation's errors in the targets' original
+  // units (valid_accuracy stays 0).
+  bool regression = false;
+  double valid_mse = 0, valid_mae = 0, valid_rmse = 0;
   std::string sample;          // charlm: generated text at the end
   std::string last_checkpoint;
   bool stopped_non_finite = false;  // a NaN/Inf loss or gradient stopped the run
@@ -77,8 +81,12 @@ struct TrainResult {
 TrainResult train(const TrainOptions& opts);
 
 struct EvalResult {
-  double loss = 0, accuracy = 0;
-  int64_t count = 0;
+  double loss = 0, accuracy = 0;  // loss: the training objective (regression: on normalised targets)
+  int64_t count = 0;              // targets (regression: values) evaluated
+  // regress, forecast (regression true): errors of the de-normalised predictions, in the
+  // targets' original units; accuracy stays 0.
+  bool regression = false;
+  double mse = 0, mae = 0, rmse = 0;
 };
 // Loads a model (a model.safetensors or a run folder) and evaluates it on the validation split of
 // `data_path` (default: the training data recorded in the model file). batch_size and seq_len are
