@@ -734,3 +734,48 @@ TEST(LayerJson, Errors) {
   m = msg(R"([1, 2])");
   EXPECT_NE(m.find("must be an object"), std::string::npos) << m;
 }
+
+// ---- Regression losses ---------------------------------------------------------------------------
+
+// torch.nn.MSELoss()(p, y) and torch.nn.HuberLoss(delta=1.0)(p, y) for p = [[0.5, -2], [3, 1]],
+// y = [[0, 0], [1, 1]]: differences 0.5, -2, 2, 0 -> MSE (0.25 + 4 + 4 + 0) / 4 = 2.0625;
+// Huber (0.125 + 1.5 + 1.5 + 0) / 4 = 0.78125. Gradients: MSE 2 d / 4; Huber clip(d, +-delta) / 4.
+TEST(RegressionLoss, HandComputedValuesAndGradients) {
+  Tensor p = Tensor::from_vector<double>({2, 2}, {0.5, -2, 3, 1});
+  Tensor y = Tensor::from_vector<float>({2, 2}, {0, 0, 1, 1});
+  LossResult m = regression_loss(p, y);
+  EXPECT_DOUBLE_EQ(m.loss, 2.0625);
+  EXPECT_EQ(m.count, 4);
+  const std::vector<double> gm = {0.25, -1, 1, 0};
+  for (int64_t i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(m.grad.get(i), gm[static_cast<size_t>(i)]) << i;
+  LossResult h = regression_loss(p, y, RegressionLoss::Huber, 1.0);
+  EXPECT_DOUBLE_EQ(h.loss, 0.78125);
+  const std::vector<double> gh = {0.125, -0.25, 0.25, 0};
+  for (int64_t i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(h.grad.get(i), gh[static_cast<size_t>(i)]) << i;
+  // delta 3: every difference is inside, Huber = MSE / 2.
+  EXPECT_DOUBLE_EQ(regression_loss(p, y, RegressionLoss::Huber, 3.0).loss, 2.0625 / 2);
+  EXPECT_EQ(m.grad.dtype(), DType::F64);
+  EXPECT_THROW(regression_loss(p, Tensor::zeros({4}, DType::F32)), Error);
+  EXPECT_THROW(regression_loss(p, y, RegressionLoss::Huber, 0.0), Error);
+  EXPECT_THROW(regression_loss(p, Tensor::zeros({2, 2}, DType::I64)), Error);
+}
+
+TEST(RegressionLoss, GradientMatchesFiniteDifferences) {
+  Rng rng(23);
+  Tensor p = randn({3, 4}, DType::F64, rng);
+  Tensor y = randn({3, 4}, DType::F64, rng);
+  for (RegressionLoss kind : {RegressionLoss::MSE, RegressionLoss::Huber}) {
+    LossResult r = regression_loss(p, y, kind, 0.7);
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const double eps = 1e-6, x = p.get(i);
+      // Steer clear of Huber's kink at |d| = delta, where the two sides differ.
+      if (kind == RegressionLoss::Huber && std::abs(std::abs(x - y.get(i)) - 0.7) < 1e-3) continue;
+      p.data<double>()[i] = x + eps;
+      const double up = regression_loss(p, y, kind, 0.7).loss;
+      p.data<double>()[i] = x - eps;
+      const double down = regression_loss(p, y, kind, 0.7).loss;
+      p.data<double>()[i] = x;
+      EXPECT_NEAR(r.grad.get(i), (up - down) / (2 * eps), 1e-8) << i;
+    }
+  }
+}

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 
 #include <filesystem>
 #include <fstream>
@@ -351,4 +353,253 @@ TEST(Training, ModelMemoryEstimateScalesWithTheJob) {
   EXPECT_GE(train1 - params, 8.0 * 100 * 2 * 7 * 64 * 4);
   EXPECT_LT(m.memory_bytes(8, 100, false, 4), train1);
   EXPECT_GT(m.memory_bytes(8, 100, true, 8), train1);
+}
+
+// ---- Tasks regress, forecast and tag ----------------------------------------------------------
+
+namespace {
+
+// Sequences of 3..10 numbers in [-1, 1]; target "sum" = their sum (std about 1.8).
+void write_sum_csv(const fs::path& p, int rows, uint64_t seed) {
+  Rng rng(seed);
+  std::ofstream f(p);
+  f << "sequence,sum\n";
+  for (int r = 0; r < rows; ++r) {
+    const int len = 3 + static_cast<int>(rng.below(8));
+    double sum = 0;
+    for (int t = 0; t < len; ++t) {
+      const double x = std::round((2 * rng.uniform() - 1) * 1000) / 1000;
+      sum += x;
+      f << (t ? " " : "") << x;
+    }
+    f << "," << sum << "\n";
+  }
+}
+
+// y = 5 + 3 sin(2 pi t / 16), one row per step (offset and scale make normalisation matter).
+void write_sine_csv(const fs::path& p, int steps) {
+  std::ofstream f(p);
+  f << "t,y\n";
+  for (int t = 0; t < steps; ++t) f << t << "," << 5 + 3 * std::sin(2 * std::numbers::pi * t / 16) << "\n";
+}
+
+// Tokens t0..t9; the tag of a step is the parity of its token's digit.
+void write_parity_csv(const fs::path& p, int rows, uint64_t seed) {
+  Rng rng(seed);
+  std::ofstream f(p);
+  f << "sequence,tags\n";
+  for (int r = 0; r < rows; ++r) {
+    const int len = 2 + static_cast<int>(rng.below(8));
+    std::string seq, tags;
+    for (int t = 0; t < len; ++t) {
+      const uint64_t k = rng.below(10);
+      seq += (t ? " t" : "t") + std::to_string(k);
+      tags += std::string(t ? " " : "") + (k % 2 ? "odd" : "even");
+    }
+    f << seq << "," << tags << "\n";
+  }
+}
+
+nlohmann::json small_train(int64_t steps, double lr) {
+  return {{"steps", steps},          {"batch_size", 16},     {"eval_every", 0}, {"checkpoint_every", 0},
+          {"optimizer", {{"type", "adam"}}}, {"schedule", {{"type", "constant"}, {"lr", lr}}}};
+}
+
+nlohmann::json regress_config(const fs::path& csv) {
+  return {{"task", "regress"},
+          {"data", {{"path", csv.string()}, {"target_columns", {"sum"}}, {"valid_fraction", 0.2}}},
+          {"model", {{"layers", {{{"type", "lstm"}, {"hidden_size", 16}}, {{"type", "last_step"}}, {{"type", "dense"}}}}}},
+          {"train", small_train(250, 0.01)}};
+}
+
+nlohmann::json forecast_config(const fs::path& csv, int64_t steps) {
+  nlohmann::json t = small_train(steps, 0.01);
+  t["seq_len"] = 12;
+  return {{"task", "forecast"},
+          {"data", {{"path", csv.string()}, {"target_columns", {"y"}}, {"horizon", 3}, {"valid_fraction", 0.2}}},
+          {"model", {{"layers", {{{"type", "lstm"}, {"hidden_size", 16}}, {{"type", "last_step"}}, {{"type", "dense"}}}}}},
+          {"train", t}};
+}
+
+Normalization stored_targets(const fs::path& model) {
+  auto f = read_safetensors(model.string());
+  const auto j = nlohmann::json::parse(f.metadata.at("lstm_engine.normalization"));
+  return Normalization::from_json(j["targets"], model.string());
+}
+
+}  // namespace
+
+TEST(Tasks, RegressionLearnsTheSumBelowTheMeanBaseline) {
+  set_num_threads(1);
+  fs::path d = temp_dir("regress");
+  write_sum_csv(d / "data.csv", 600, 5);
+  std::ostringstream log;
+  TrainResult r = train(opts(regress_config(d / "data.csv"), (d / "run").string(), false, -1, &log));
+  ASSERT_FALSE(r.stopped_non_finite) << log.str();
+  EXPECT_TRUE(r.regression);
+  // Predicting the training mean scores a normalised MSE of about 1 (the targets' std is about
+  // 1.8, an original-units MSE of about 3.3). Stated goal: below 0.1 and 0.35.
+  EXPECT_LT(r.valid_loss, 0.1) << log.str();
+  EXPECT_LT(r.valid_mse, 0.35) << log.str();
+  EXPECT_NEAR(r.valid_rmse, std::sqrt(r.valid_mse), 1e-12);
+  EXPECT_EQ(r.valid_accuracy, 0.0);
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("MSE"));
+  // The stored statistics are those of the targets (original units), and eval reproduces the run.
+  Normalization n = stored_targets(d / "run" / "model.safetensors");
+  EXPECT_EQ(n.names, (std::vector<std::string>{"sum"}));
+  EXPECT_GT(n.std[0], 1.0);
+  EvalResult e = evaluate_model((d / "run").string());
+  EXPECT_TRUE(e.regression);
+  EXPECT_NEAR(e.loss, r.valid_loss, 1e-12);
+  EXPECT_NEAR(e.mse, r.valid_mse, 1e-12);
+  EXPECT_NEAR(e.mae, r.valid_mae, 1e-12);
+  EXPECT_EQ(e.count, 120);
+  fs::remove_all(d);
+}
+
+TEST(Tasks, HuberRegressionLearnsToo) {
+  set_num_threads(1);
+  fs::path d = temp_dir("huber");
+  write_sum_csv(d / "data.csv", 400, 6);
+  nlohmann::json cfg = regress_config(d / "data.csv");
+  cfg["train"]["loss"] = "huber";
+  cfg["train"]["huber_delta"] = 0.5;
+  cfg["train"]["steps"] = 150;
+  std::ostringstream log;
+  TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("(huber, normalised)"));
+  EXPECT_LT(r.valid_mse, 1.0) << log.str();  // the mean baseline: about 3.3
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ForecastLearnsASineAndNormalisesOnTheTrainingSplitOnly) {
+  set_num_threads(1);
+  fs::path d = temp_dir("forecast");
+  write_sine_csv(d / "sine.csv", 300);
+  std::ostringstream log;
+  TrainResult r = train(opts(forecast_config(d / "sine.csv", 200), (d / "run").string(), false, -1, &log));
+  ASSERT_FALSE(r.stopped_non_finite) << log.str();
+  // A constant forecast scores a normalised MSE of about 1 (3^2 / 2 = 4.5 in original units).
+  EXPECT_LT(r.valid_loss, 0.05) << log.str();
+  EXPECT_LT(r.valid_mse, 0.25) << log.str();
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("the last 60 held out"));
+
+  // Statistics of the first 240 steps only.
+  Normalization n = stored_targets(d / "run" / "model.safetensors");
+  double mean = 0, var = 0;
+  for (int t = 0; t < 240; ++t) mean += 5 + 3 * std::sin(2 * std::numbers::pi * t / 16);
+  mean /= 240;
+  for (int t = 0; t < 240; ++t) var += std::pow(5 + 3 * std::sin(2 * std::numbers::pi * t / 16) - mean, 2);
+  EXPECT_NEAR(n.mean[0], mean, 1e-5);
+  EXPECT_NEAR(n.std[0], std::sqrt(var / 240), 1e-5);
+
+  // Evaluating on a file whose training part differs (so would its statistics) uses the model's
+  // statistics: the held-out result is unchanged.
+  {
+    std::ifstream in(d / "sine.csv");
+    std::ofstream out(d / "shifted.csv");
+    std::string line;
+    for (int i = 0; std::getline(in, line); ++i) {
+      if (i >= 1 && i <= 100) {
+        const size_t comma = line.find(',');
+        line = line.substr(0, comma) + "," + std::to_string(100 + std::stod(line.substr(comma + 1)));
+      }
+      out << line << "\n";
+    }
+  }
+  EvalResult same = evaluate_model((d / "run").string());
+  EvalResult shifted = evaluate_model((d / "run").string(), (d / "shifted.csv").string());
+  EXPECT_NEAR(same.mse, r.valid_mse, 1e-12);
+  EXPECT_EQ(shifted.mse, same.mse);
+  EXPECT_EQ(shifted.count, same.count);
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ForecastRefusesASeriesShorterThanAWindow) {
+  fs::path d = temp_dir("short");
+  write_sine_csv(d / "sine.csv", 16);
+  std::ostringstream log;
+  const std::string m = train_error(opts(forecast_config(d / "sine.csv", 5), (d / "run").string(), false, -1, &log));
+  EXPECT_THAT(m, ::testing::HasSubstr("sine.csv"));
+  EXPECT_THAT(m, ::testing::HasSubstr("train.seq_len (12) + data.horizon (3) = 15"));
+  fs::remove_all(d);
+}
+
+TEST(Tasks, TaggingLearnsTokenParityPerStep) {
+  set_num_threads(1);
+  fs::path d = temp_dir("tag");
+  write_parity_csv(d / "tags.csv", 400, 9);
+  nlohmann::json cfg = {{"task", "tag"},
+                        {"data", {{"path", (d / "tags.csv").string()}, {"valid_fraction", 0.2}}},
+                        {"model", {{"embedding_dim", 8}, {"layers", {{{"type", "lstm"}, {"hidden_size", 12}}, {{"type", "dense"}}}}}},
+                        {"train", small_train(120, 0.02)}};
+  std::ostringstream log;
+  TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
+  // Chance is 50% per step. Stated goal: >= 97% of the held-out steps.
+  EXPECT_GE(r.valid_accuracy, 0.97) << log.str();
+  EXPECT_FALSE(r.regression);
+  EvalResult e = evaluate_model((d / "run").string());
+  EXPECT_NEAR(e.accuracy, r.valid_accuracy, 1e-12);
+  EXPECT_GT(e.count, 80);  // steps, not sequences
+  auto f = read_safetensors((d / "run" / "model.safetensors").string());
+  EXPECT_EQ(f.metadata.at("lstm_engine.classes"), R"(["even","odd"])");
+  // A many-to-one model cannot tag.
+  cfg["model"]["layers"] = {{{"type", "lstm"}, {"hidden_size", 4}}, {{"type", "last_step"}}, {{"type", "dense"}}};
+  EXPECT_THAT(train_error(opts(cfg, (d / "bad").string(), false, 1, &log)), ::testing::HasSubstr("a label per step"));
+  fs::remove_all(d);
+}
+
+TEST(Tasks, RegressionNeedsAManyToOneModel) {
+  fs::path d = temp_dir("regress_shape");
+  write_sum_csv(d / "data.csv", 20, 5);
+  nlohmann::json cfg = regress_config(d / "data.csv");
+  cfg["model"]["layers"] = {{{"type", "lstm"}, {"hidden_size", 4}}, {{"type", "dense"}}};
+  std::ostringstream log;
+  EXPECT_THAT(train_error(opts(cfg, (d / "run").string(), false, 1, &log)), ::testing::HasSubstr("many-to-one head"));
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ForecastResumeEqualsUninterrupted) {
+  set_num_threads(1);
+  fs::path d = temp_dir("forecast_resume");
+  write_sine_csv(d / "sine.csv", 120);
+  nlohmann::json cfg = forecast_config(d / "sine.csv", 16);
+  cfg["model"]["layers"] = {{{"type", "lstm"}, {"hidden_size", 6}}, {{"type", "last_step"}},
+                            {{"type", "dropout"}, {"p", 0.2}}, {{"type", "dense"}}};
+  cfg["train"]["checkpoint_every"] = 8;
+  cfg["train"]["eval_every"] = 8;
+  cfg["train"]["schedule"] = {{"type", "cosine"}, {"lr", 0.01}, {"warmup_steps", 2}, {"total_steps", 16}};
+  std::ostringstream log;
+  TrainResult full = train(opts(cfg, (d / "full").string(), false, -1, &log));
+  TrainResult part = train(opts(cfg, (d / "part").string(), false, 8, &log));
+  EXPECT_EQ(part.step, 8);
+  TrainResult rest = train(opts({}, (d / "part").string(), true, 16, &log));
+  EXPECT_EQ(rest.step, 16);
+  auto a = read_safetensors((d / "full" / "model.safetensors").string());
+  auto b = read_safetensors((d / "part" / "model.safetensors").string());
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (auto& [k, v] : a.tensors) EXPECT_EQ(max_abs_diff(v, b.tensors.at(k)), 0.0) << k;
+  EXPECT_EQ(a.metadata.at("lstm_engine.normalization"), b.metadata.at("lstm_engine.normalization"));
+  EXPECT_EQ(full.valid_loss, rest.valid_loss);
+  EXPECT_EQ(full.valid_mse, rest.valid_mse);
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ConfigErrorsNameTheField) {
+  auto err = config_error;
+  EXPECT_THAT(err({{"task", "regression"}}), ::testing::HasSubstr("'task'"));
+  EXPECT_THAT(err({{"task", "regress"}, {"data", {{"target_columns", nlohmann::json::array()}}}}),
+              ::testing::HasSubstr("data.target_columns"));
+  EXPECT_THAT(err({{"task", "regress"}, {"data", {{"target_columns", {1}}}}}), ::testing::HasSubstr("data.target_columns[0]"));
+  EXPECT_THAT(err({{"task", "regress"}, {"data", {{"target_columns", {"y", "y"}}}}}), ::testing::HasSubstr("twice"));
+  EXPECT_THAT(err({{"task", "forecast"}, {"data", {{"input_columns", "y"}}}}), ::testing::HasSubstr("data.input_columns"));
+  EXPECT_THAT(err({{"task", "forecast"}, {"data", {{"horizon", 0}}}}), ::testing::HasSubstr("data.horizon"));
+  EXPECT_THAT(err({{"task", "tag"}, {"data", {{"tags_column", 3}}}}), ::testing::HasSubstr("data.tags_column"));
+  EXPECT_THAT(err({{"task", "regress"}, {"train", {{"loss", "mae"}}}}), ::testing::HasSubstr("train.loss"));
+  EXPECT_THAT(err({{"task", "classify"}, {"train", {{"loss", "huber"}}}}), ::testing::HasSubstr("train.loss"));
+  EXPECT_THAT(err({{"task", "forecast"}, {"train", {{"loss", "cross_entropy"}}}}), ::testing::HasSubstr("train.loss"));
+  EXPECT_THAT(err({{"task", "regress"}, {"train", {{"huber_delta", 0}}}}), ::testing::HasSubstr("train.huber_delta"));
+  // "auto" resolves per task.
+  EXPECT_EQ(resolve_train_config({{"task", "forecast"}})["train"]["loss"], "mse");
+  EXPECT_EQ(resolve_train_config({{"task", "tag"}})["train"]["loss"], "cross_entropy");
 }

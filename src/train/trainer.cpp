@@ -393,8 +393,9 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
                  field << " must be a list of " << (targets ? "1" : "0") << " to 65536 column names, got "
                        << json_excerpt(list));
     for (size_t i = 0; i < list.size(); ++i) {
-      const std::string col = read_string(list[i], field + "[" + std::to_string(i) + "]");
-      LSTM_REQUIRE(!col.empty(), field << "[" << i << "] is an empty column name");
+      const std::string item = name(std::string("data.") + k + "[" + std::to_string(i) + "]");
+      const std::string col = read_string(list[i], item);
+      LSTM_REQUIRE(!col.empty(), item << " is an empty column name");
       for (size_t j = 0; j < i; ++j)
         LSTM_REQUIRE(list[j] != list[i], field << " names the column '" << col << "' twice");
     }
