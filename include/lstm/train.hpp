@@ -2,19 +2,39 @@
 //
 // Configuration (every field optional but task and data.path; defaults shown in
 // default_train_config()):
-//   {"task": "charlm" | "classify",
+//   {"task": "charlm" | "classify" | "regress" | "forecast" | "tag",
 //    "data": {"path": FILE_OR_FOLDER, "valid_fraction": 0.05, "max_bytes": -1,
-//             "label_column": "label", "sequence_column": "sequence"},
+//             "label_column": "label", "sequence_column": "sequence", "tags_column": "tags",
+//             "target_columns": ["target"], "input_columns": [], "horizon": 1},
 //    "model": {"embedding_dim": 32, "layers": [{"type": "lstm", "hidden_size": 256}, {"type": "dense"}]},
 //    "train": {"steps": 1000, "batch_size": 32, "seq_len": 64, "seed": 1, "threads": 0,
 //              "optimizer": {"type": "adam"}, "schedule": {"type": "cosine", "lr": 3e-3, ...},
 //              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 200, "eval_batches": 20,
 //              "checkpoint_every": 200, "keep_checkpoints": 3, "sample_length": 300,
-//              "sample_temperature": 0.8}}
+//              "sample_temperature": 0.8, "loss": "auto", "huber_delta": 1.0}}
+// Tasks (docs/guide/tasks.md has the data formats and an example of each):
+//   charlm    text; a window of train.seq_len characters predicts the next character at each step.
+//   classify  CSV: data.sequence_column and data.label_column; a class per row.
+//   regress   CSV: data.sequence_column and data.target_columns (numbers); K numbers per row.
+//   tag       CSV: data.sequence_column and data.tags_column (one label per step); a class per step.
+//   forecast  CSV, one row per time step: windows of train.seq_len steps of data.input_columns
+//             (empty: the target columns) predict the next data.horizon steps of
+//             data.target_columns (output h * K + k: step h, column k). The last valid_fraction
+//             of the rows is held out; training windows never reach into it.
+// train.loss: "auto" is cross-entropy for charlm, classify and tag (the only loss they take) and
+// "mse" for regress and forecast, which also take "huber" (torch.nn.HuberLoss with delta
+// train.huber_delta > 0); both with mean reduction over every predicted value.
+// regress and forecast normalise numeric inputs and the targets per column with the mean and
+// (population) standard deviation of the training split (a constant column gets std 1); the
+// statistics are stored in the model (metadata "lstm_engine.normalization": {"inputs": {"names",
+// "mean", "std"} or null for token input, "targets": {...}}) and used when it is evaluated. Their
+// loss is in normalised units; EvalResult and TrainResult report MSE, MAE and RMSE of the
+// de-normalised predictions, in the targets' original units.
 // For token inputs an Embedding(vocab, embedding_dim) is put first; a last dense layer without
-// out_features gets the vocabulary size (charlm) or the class count (classify). A classify model
-// must end its recurrent part with a many-to-one head ({"type": "last_step"} or an lstm with
-// "output": "h_n").
+// out_features gets the vocabulary size (charlm), the class count (classify, tag), the target
+// count K (regress) or horizon * K (forecast). classify, regress and forecast models must end
+// their recurrent part with a many-to-one head ({"type": "last_step"} or an lstm with
+// "output": "h_n"); charlm and tag models keep the sequence (a dense layer applies per step).
 //
 // Run folder layout (out_dir): checkpoints/step-NNNNNNNN/{model.safetensors, trainer.safetensors},
 // checkpoints/latest (the name of the newest complete checkpoint), model.safetensors (final).
