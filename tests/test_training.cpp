@@ -550,6 +550,43 @@ TEST(Tasks, TaggingLearnsTokenParityPerStep) {
   fs::remove_all(d);
 }
 
+// Token sequences regress too: only the targets are normalised ("inputs": null), and a model
+// evaluates with its stored statistics.
+TEST(Tasks, RegressionOnTokensStoresTargetStatisticsOnly) {
+  set_num_threads(1);
+  fs::path d = temp_dir("regress_tokens");
+  {
+    std::ofstream f(d / "data.csv");
+    f << "sequence,count\n";
+    Rng rng(4);
+    for (int r = 0; r < 60; ++r) {
+      int n = 0;
+      std::string s;
+      for (int t = 0; t < 6; ++t) {
+        const bool a = rng.below(2) == 0;
+        n += a;
+        s += std::string(t ? " " : "") + (a ? "a" : "b");
+      }
+      f << s << "," << n << "\n";
+    }
+  }
+  nlohmann::json cfg = regress_config(d / "data.csv");
+  cfg["data"]["target_columns"] = {"count"};
+  cfg["train"]["steps"] = 2;
+  std::ostringstream log;
+  train(opts(cfg, (d / "run").string(), false, -1, &log));
+  auto f = read_safetensors((d / "run" / "model.safetensors").string());
+  const auto norm = nlohmann::json::parse(f.metadata.at("lstm_engine.normalization"));
+  EXPECT_TRUE(norm["inputs"].is_null());
+  EXPECT_EQ(norm["targets"]["names"], nlohmann::json({"count"}));
+  EXPECT_EQ(f.metadata.at("lstm_engine.tokens"), R"(["a","b"])");
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("targets/s"));
+  EvalResult e = evaluate_model((d / "run").string());
+  EXPECT_TRUE(e.regression);
+  EXPECT_EQ(e.count, 12);
+  fs::remove_all(d);
+}
+
 TEST(Tasks, RegressionNeedsAManyToOneModel) {
   fs::path d = temp_dir("regress_shape");
   write_sum_csv(d / "data.csv", 20, 5);

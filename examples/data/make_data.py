@@ -7,6 +7,8 @@ regress.csv   id,sequence,sum,max: 4..20 steps of two features "x|w" each; sum =
               x*w over the steps, max = the largest x (two regression targets).
 forecast.csv  time,signal,aux: 2000 steps of two noisy periodic signals (periods 50 and 13);
               the example predicts the next 5 steps of `signal` from 48 steps of both.
+classify.csv  id,sequence,label: 3..12 tokens from {a, b, c}; the label says which of a and b occurs
+              more often ("more_a" / "more_b"; c is noise).
 tag.csv       id,sequence,tags: 4..24 tokens from {a, b, c}; the tag of each step is "odd" or
               "even", the parity of how many a's were seen so far (needs memory, not just the
               token).
@@ -42,6 +44,18 @@ def write_forecast(path, steps=2000, seed=2):
             f.write(f"{t},{signal:.5f},{aux:.5f}\n")
 
 
+def write_classify(path, rows=3000, seed=4):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        f.write("id,sequence,label\n")
+        for i in range(rows):
+            toks = [rng.choice("abc") for _ in range(rng.randint(3, 12))]
+            if toks.count("a") == toks.count("b"):
+                toks.append(rng.choice("ab"))
+            label = "more_a" if toks.count("a") > toks.count("b") else "more_b"
+            f.write(f"{i},{' '.join(toks)},{label}\n")
+
+
 def write_tag(path, rows=3000, seed=3):
     rng = random.Random(seed)
     with open(path, "w") as f:
@@ -61,8 +75,9 @@ def main():
     os.makedirs(out, exist_ok=True)
     write_regress(os.path.join(out, "regress.csv"))
     write_forecast(os.path.join(out, "forecast.csv"))
+    write_classify(os.path.join(out, "classify.csv"))
     write_tag(os.path.join(out, "tag.csv"))
-    print(f"wrote regress.csv, forecast.csv and tag.csv to {out}")
+    print(f"wrote regress.csv, forecast.csv, classify.csv and tag.csv to {out}")
 
 
 if __name__ == "__main__":

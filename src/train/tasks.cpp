@@ -89,6 +89,9 @@ class CsvTask : public Task {
   }
   int64_t batch_steps(int64_t) const override { return csv_.max_length(); }
   std::string steps_from() const override { return "the longest sequence of " + path_; }
+  const char* rate_unit() const override {
+    return csv_.target() == CsvTarget::Label ? "seq/s" : csv_.target() == CsvTarget::Tags ? "tags/s" : "targets/s";
+  }
   std::string describe() const override {
     std::ostringstream os;
     os << "data: " << train_idx_.size() << " training sequences, " << valid_idx_.size() << " held out, ";
@@ -269,6 +272,7 @@ class ForecastTask final : public Task {
   }
   bool regression() const override { return true; }
   int64_t batch_steps(int64_t) const override { return T_; }
+  const char* rate_unit() const override { return "targets/s"; }
 
   Batch train_batch(int64_t B, int64_t, Rng& rng) const override {
     std::vector<int64_t> starts(static_cast<size_t>(B));

@@ -63,7 +63,8 @@ class Task {
   virtual std::string steps_from() const { return "train.seq_len"; }
   // One line for the log: the data's size and shape.
   virtual std::string describe() const = 0;
-  // "tok/s" or "seq/s" in the progress line.
+  // The progress line's rate, of LossResult::count per second: "tok/s" (charlm), "seq/s"
+  // (classify), "tags/s" (tag), "targets/s" (regress, forecast: values predicted).
   virtual const char* rate_unit() const { return "seq/s"; }
   // A model evaluated on this data: its vocabulary, classes and tokens must equal the data's, and
   // its stored normalisation replaces the one fitted on this data. Errors name `file`.
