@@ -168,7 +168,9 @@ TEST(CharCorpus, TrainBatchesAreShiftedWindows) {
   const auto chars = static_cast<int64_t>(c.vocab().encode(text).size());
   EXPECT_EQ(c.train_size() + c.valid_size(), chars);
   EXPECT_EQ(c.valid_size(), std::llround(chars * 0.25));
-  EXPECT_EQ(c.vocab().size(), Vocab::from_text(text).size());
+  // A corpus's vocabulary reserves the unknown id after its characters.
+  EXPECT_EQ(c.vocab().size(), Vocab::from_text(text).size() + 1);
+  EXPECT_EQ(c.vocab().unk_id(), c.vocab().size() - 1);
 
   const int64_t B = 5, T = 7;
   Rng rng(42);
@@ -274,7 +276,7 @@ TEST(CharCorpus, LoadsFolderSkippingBinariesAndLinks) {
   fs::create_symlink("missing", dir.path() / "broken");
 
   const CharCorpus c = CharCorpus::load({dir.path().string()}, 0.25);
-  const Vocab expected = Vocab::from_text(a + b);
+  const Vocab expected = Vocab::from_text(a + b, true);
   EXPECT_EQ(c.vocab().to_json(), expected.to_json());
   EXPECT_EQ(c.train_size() + c.valid_size(), static_cast<int64_t>(expected.encode(a + b).size()));
 
@@ -307,7 +309,7 @@ TEST(CharCorpus, MaxBytesCutsAtACharacterBoundary) {
   EXPECT_EQ(whole.train_size() + whole.valid_size(), 14);
   const CharCorpus cut = CharCorpus::load({dir.path().string()}, 0.25, 13);
   EXPECT_EQ(cut.train_size() + cut.valid_size(), 11);  // the '€' straddling byte 13 is dropped
-  EXPECT_EQ(cut.vocab().size(), 11);
+  EXPECT_EQ(cut.vocab().size(), 11 + 1);  // and <unk>
   const CharCorpus exact = CharCorpus::load({dir.path().string()}, 0.25, 14);
   EXPECT_EQ(exact.train_size() + exact.valid_size(), 12);
   const CharCorpus first = CharCorpus::load({dir.path().string()}, 0.25, 8);
@@ -380,8 +382,8 @@ TEST(CsvDataset, TokensAndStringLabels) {
   const auto path = dir.write("tok.csv", "sequence,label\nthe cat sat,pos\n  dog   ran ,neg\n1 2 x,pos\n");
   const CsvDataset d = CsvDataset::load(path);
   EXPECT_TRUE(d.is_tokens());
-  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"1", "2", "cat", "dog", "ran", "sat", "the", "x"}));
-  EXPECT_EQ(d.features(), 8);
+  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"1", "2", "cat", "dog", "ran", "sat", "the", "x", "<unk>"}));
+  EXPECT_EQ(d.features(), 9);
   EXPECT_EQ(d.class_names(), (std::vector<std::string>{"neg", "pos"}));
   EXPECT_EQ(d.num_classes(), 2);
   const Batch b = d.batch({0, 1, 2});
@@ -407,7 +409,7 @@ TEST(CsvDataset, QuotedFields) {
   const CsvDataset d = CsvDataset::load(path);
   EXPECT_EQ(d.size(), 3);
   EXPECT_TRUE(d.is_tokens());
-  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"\"q\"", "x", "y", "z"}));
+  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"\"q\"", "x", "y", "z", "<unk>"}));
   EXPECT_EQ(d.class_names(), (std::vector<std::string>{"a", "b"}));
   // Line numbers count the newline inside the quoted field.
   const auto bad = dir.write("q2.csv", "label,note,sequence\n0,\"a\nb\",1\n1,x,\n");

@@ -283,13 +283,19 @@ int main(int argc, char** argv) {
   train->add_flag("--resume", resume, "continue from the run folder's latest checkpoint");
   train->add_flag("--overwrite", overwrite, "start over in a run folder that holds another run (removes its checkpoints and model)");
 
-  auto* eval = app.add_subcommand("eval", "evaluate a trained model on its held-out data");
+  auto* eval = app.add_subcommand("eval", "evaluate a trained model on a test file or its held-out data");
   std::string model_arg;
-  int64_t eval_batch = 32, eval_len = 64;
+  int64_t eval_batch = 0, eval_len = 0;
+  bool eval_json = false;
   eval->add_option("--model", model_arg, "model.safetensors or a run folder")->required();
-  eval->add_option("--data", data_path, "data to evaluate on (default: the training data recorded in the model)");
-  eval->add_option("--batch-size", eval_batch)->capture_default_str();
-  eval->add_option("--seq-len", eval_len, "window length for language models")->capture_default_str();
+  eval->add_option("--data", data_path,
+                   "a file to score in full with the model's vocabulary and classes (default: the held-out split of "
+                   "the training data recorded in the model)");
+  eval->add_option("--batch-size", eval_batch, "rows or windows per batch (0: the training batch_size)")
+      ->capture_default_str();
+  eval->add_option("--seq-len", eval_len, "window length for language models (0: the training seq_len)")
+      ->capture_default_str();
+  eval->add_flag("--json", eval_json, "print the whole report as one JSON object");
   add_placement(eval);
   eval->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
 
@@ -382,11 +388,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval) {
-      checked_size(eval_batch, 1, kMaxDim, "--batch-size");
-      checked_size(eval_len, 1, kMaxDim, "--seq-len");
+      checked_size(eval_batch, 0, kMaxDim, "--batch-size");
+      checked_size(eval_len, 0, kMaxDim, "--seq-len");
       EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len,
                                     make_placement(device, precision, algo, cudnn_algo, cuda_graphs), allow_nonfinite);
-      std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
+      if (eval_json)
+        std::cout << r.to_json().dump(2) << "\n";
+      else
+        std::cout << r.report();
       return 0;
     }
     if (*gen) {
