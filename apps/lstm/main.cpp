@@ -1,4 +1,4 @@
-// The `lstm` command line program: train, eval, generate, info, forward.
+// The `lstm` command line program: train, eval, predict, generate, info, forward.
 #include <CLI/CLI.hpp>
 #include <malloc.h>
 #include <signal.h>
@@ -13,6 +13,7 @@
 #include "lstm/lstm.hpp"
 #include "lstm/model.hpp"
 #include "lstm/parallel.hpp"
+#include "lstm/predict.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
 
@@ -299,6 +300,18 @@ int main(int argc, char** argv) {
   add_placement(eval);
   eval->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
 
+  auto* pred = app.add_subcommand("predict", "run a trained model on new data (include/lstm/predict.hpp, docs/guide/predict-eval.md)");
+  PredictOptions popts;
+  pred->add_option("--model", popts.model_path, "model.safetensors or a run folder")->required();
+  pred->add_option("--data", popts.data_path, "input: a CSV file (classify) or a text file, one context per line (charlm)")
+      ->required();
+  pred->add_option("--output", popts.output_path, "file to write (default: standard output)");
+  pred->add_option("--format", popts.format, "csv|jsonl (default: jsonl for an --output ending in .jsonl, else csv)");
+  pred->add_option("--top-k", popts.top_k, "charlm: next characters per line")->capture_default_str();
+  pred->add_option("--batch-size", popts.batch_size, "rows read, run and written at a time")->capture_default_str();
+  add_placement(pred);
+  pred->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
+
   auto* gen = app.add_subcommand("generate", "sample text from a character language model");
   std::string prime;
   int64_t gen_len = 300;
@@ -396,6 +409,20 @@ int main(int argc, char** argv) {
         std::cout << r.to_json().dump(2) << "\n";
       else
         std::cout << r.report();
+      return 0;
+    }
+    if (*pred) {
+      checked_size(popts.top_k, 1, kMaxDim, "--top-k");
+      checked_size(popts.batch_size, 1, kMaxDim, "--batch-size");
+      popts.placement = make_placement(device, precision, algo, cudnn_algo, cuda_graphs);
+      popts.allow_nonfinite = allow_nonfinite;
+      PredictResult r = lstm::predict(popts, std::cout);
+      if (r.unknown > 0)
+        std::cerr << "lstm predict: " << r.unknown << " input " << (r.task == "charlm" ? "character(s)" : "token(s)")
+                  << " not in the model's vocabulary were read as <unk>\n";
+      if (!popts.output_path.empty() && popts.output_path != "-")
+        std::cerr << "lstm predict: " << r.rows << " rows (" << r.task << ") -> " << popts.output_path << " (" << r.format
+                  << ")\n";
       return 0;
     }
     if (*gen) {

@@ -20,6 +20,13 @@ struct TrainedModel {
   std::string task;                          // "charlm" | "classify"
 };
 
+// A batch as the model's input: feature inputs go to the model's device; token ids stay on the
+// host (the embedding copies them after checking their range).
+inline Act to_act(const Batch& b, Device device = Device::CPU) {
+  if (device != Device::CPU && is_floating(b.inputs.dtype())) return {b.inputs.to_device(device), b.lengths};
+  return {b.inputs, b.lengths};
+}
+
 // Loads a model file or a run folder's model (resolve_model_path), places it, and reads its
 // training configuration; errors name the file.
 TrainedModel load_trained_model(const std::string& model_path, const Placement& placement, bool allow_nonfinite);

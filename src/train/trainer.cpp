@@ -158,13 +158,6 @@ nlohmann::json model_json(const nlohmann::json& cfg, const TaskData& d) {
   return {{"input", input}, {"layers", layers}, {"dtype", "F32"}};
 }
 
-// Feature inputs go to the model's device; token ids stay on the host (the embedding copies
-// them after checking their range).
-Act to_act(const Batch& b, Device device = Device::CPU) {
-  if (device != Device::CPU && is_floating(b.inputs.dtype())) return {b.inputs.to_device(device), b.lengths};
-  return {b.inputs, b.lengths};
-}
-
 // Loss of a batch from the model's output; the gradient comes back in the output's shape.
 LossResult batch_loss(const Act& out, const Batch& b, int64_t classes) {
   if (out.data.dim() == 3) {
