@@ -319,3 +319,23 @@ TEST_F(PredictCli, TrainingsFinalValidationLossIsEvals) {
     EXPECT_THAT(text.out, HasSubstr("held-out"));
   }
 }
+
+TEST_F(PredictCli, InputRefusedAtOnceWritesNothingAndLeavesNoFile) {
+  write_text(dir / "bad.csv", "id,sequence\n1,a b\n2,\"a b\n");  // an unterminated quote at line 3
+  const fs::path out = dir / "bad_preds.csv";
+  CliRun r = run_cli("predict --model " + cls() + " --data " + (dir / "bad.csv").string() + " --output " + out.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("bad.csv:3: unterminated quoted field 2"));
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_THAT(e.path().string(), ::testing::Not(HasSubstr(".tmp.")));
+  // On standard output not even the header appears before the error.
+  write_text(dir / "bad.txt", std::string("ok\n\xFF\n", 4));
+  CliRun t = run_cli("predict --model " + lm() + " --data " + (dir / "bad.txt").string() + " --batch-size 8");
+  EXPECT_EQ(t.code, 1);
+  EXPECT_THAT(t.out, HasSubstr("bad.txt:2: Vocab::encode: invalid UTF-8"));
+  EXPECT_THAT(t.out, ::testing::Not(HasSubstr("next_1")));
+  // The input file is never the output.
+  CliRun same = run_cli("predict --model " + cls() + " --data " + (dir / "bad.csv").string() + " --output " +
+                        (dir / "bad.csv").string());
+  EXPECT_THAT(same.out, HasSubstr("is the input file itself"));
+}

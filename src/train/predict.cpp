@@ -345,18 +345,24 @@ PredictResult predict(const PredictOptions& opts, std::ostream& out) {
   std::ostream& os = to_stream ? out : file;
   const bool jsonl = res.format == "jsonl";
   try {
-    if (!jsonl) {
+    // The header goes out with the first chunk, so that input refused at once writes nothing.
+    bool header = jsonl;
+    auto write_header = [&] {
+      if (header) return;
+      header = true;
       os << "id";
       for (const auto& c : p->columns()) os << ',' << csv_cell(c);
       os << "\n";
-    }
+    };
     std::vector<Record> recs;
     while (p->next(opts.batch_size, recs) > 0) {
+      write_header();
       write_records(os, jsonl, recs);
       res.rows += static_cast<int64_t>(recs.size());
       os.flush();
       LSTM_REQUIRE(os, "predict: writing " << (to_stream ? std::string("the output") : tmp) << " failed");
     }
+    write_header();
     if (!to_stream) {
       file.close();
       LSTM_REQUIRE(file, "--output " << opts.output_path << ": writing " << tmp << " failed");
