@@ -183,6 +183,12 @@ TEST_F(PredictCli, RowsWithoutIdAreNumberedAndUnknownTokensAreUnk) {
   ASSERT_EQ(r.code, 0) << r.out;
   check_classify_csv(csv_of(r.out), {"1", "2"});
   EXPECT_THAT(r.out, HasSubstr("1 input token(s) not in the model's vocabulary were read as <unk>"));
+  // "zz" is read exactly as the model's own <unk> token.
+  write_text(dir / "unk_literal.csv", "sequence\na b <unk>\nb b\n");
+  CliRun lit = run_cli("predict --model " + cls() + " --data " + (dir / "unk_literal.csv").string());
+  ASSERT_EQ(lit.code, 0) << lit.out;
+  EXPECT_EQ(csv_of(lit.out)[1].fields, csv_of(r.out)[1].fields);
+  EXPECT_THAT(lit.out, ::testing::Not(HasSubstr("read as <unk>")));
   write_text(dir / "noseq.csv", "id,text\n1,a b\n");
   CliRun bad = run_cli("predict --model " + cls() + " --data " + (dir / "noseq.csv").string());
   EXPECT_NE(bad.code, 0);
