@@ -1,4 +1,4 @@
-// The `lstm` command line program: train, eval, generate, info, forward.
+// The `lstm` command line program: train, eval, predict, generate, info, forward.
 #include <CLI/CLI.hpp>
 #include <malloc.h>
 #include <signal.h>
@@ -13,6 +13,7 @@
 #include "lstm/lstm.hpp"
 #include "lstm/model.hpp"
 #include "lstm/parallel.hpp"
+#include "lstm/predict.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
 
@@ -302,15 +303,33 @@ int main(int argc, char** argv) {
   train->add_flag("--resume", resume, "continue from the run folder's latest checkpoint");
   train->add_flag("--overwrite", overwrite, "start over in a run folder that holds another run (removes its checkpoints and model)");
 
-  auto* eval = app.add_subcommand("eval", "evaluate a trained model on its held-out data");
+  auto* eval = app.add_subcommand("eval", "evaluate a trained model on a test file or its held-out data");
   std::string model_arg;
-  int64_t eval_batch = 32, eval_len = 64;
+  int64_t eval_batch = 0, eval_len = 0;
+  bool eval_json = false;
   eval->add_option("--model", model_arg, "model.safetensors or a run folder")->required();
-  eval->add_option("--data", data_path, "data to evaluate on (default: the training data recorded in the model)");
-  eval->add_option("--batch-size", eval_batch)->capture_default_str();
-  eval->add_option("--seq-len", eval_len, "window length for language models")->capture_default_str();
+  eval->add_option("--data", data_path,
+                   "a file to score in full with the model's vocabulary and classes (default: the held-out split of "
+                   "the training data recorded in the model)");
+  eval->add_option("--batch-size", eval_batch, "rows or windows per batch (0: the training batch_size)")
+      ->capture_default_str();
+  eval->add_option("--seq-len", eval_len, "window length for language models (0: the training seq_len)")
+      ->capture_default_str();
+  eval->add_flag("--json", eval_json, "print the whole report as one JSON object");
   add_placement(eval);
   eval->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
+
+  auto* pred = app.add_subcommand("predict", "run a trained model on new data (include/lstm/predict.hpp, docs/guide/predict-eval.md)");
+  PredictOptions popts;
+  pred->add_option("--model", popts.model_path, "model.safetensors or a run folder")->required();
+  pred->add_option("--data", popts.data_path, "input: a CSV file (classify) or a text file, one context per line (charlm)")
+      ->required();
+  pred->add_option("--output", popts.output_path, "file to write (default: standard output)");
+  pred->add_option("--format", popts.format, "csv|jsonl (default: jsonl for an --output ending in .jsonl, else csv)");
+  pred->add_option("--top-k", popts.top_k, "charlm: next characters per line")->capture_default_str();
+  pred->add_option("--batch-size", popts.batch_size, "rows read, run and written at a time")->capture_default_str();
+  add_placement(pred);
+  pred->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
 
   auto* gen = app.add_subcommand("generate", "sample text from a character language model");
   std::string prime;
@@ -407,11 +426,28 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*eval) {
-      checked_size(eval_batch, 1, kMaxDim, "--batch-size");
-      checked_size(eval_len, 1, kMaxDim, "--seq-len");
+      checked_size(eval_batch, 0, kMaxDim, "--batch-size");
+      checked_size(eval_len, 0, kMaxDim, "--seq-len");
       EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len,
                                     make_placement(device, precision, algo, cudnn_algo, cuda_graphs), allow_nonfinite);
-      std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
+      if (eval_json)
+        std::cout << r.to_json().dump(2) << "\n";
+      else
+        std::cout << r.report();
+      return 0;
+    }
+    if (*pred) {
+      checked_size(popts.top_k, 1, kMaxDim, "--top-k");
+      checked_size(popts.batch_size, 1, kMaxDim, "--batch-size");
+      popts.placement = make_placement(device, precision, algo, cudnn_algo, cuda_graphs);
+      popts.allow_nonfinite = allow_nonfinite;
+      PredictResult r = lstm::predict(popts, std::cout);
+      if (r.unknown > 0)
+        std::cerr << "lstm predict: " << r.unknown << " input " << (r.task == "charlm" ? "character(s)" : "token(s)")
+                  << " not in the model's vocabulary were read as <unk>\n";
+      if (!popts.output_path.empty() && popts.output_path != "-")
+        std::cerr << "lstm predict: " << r.rows << " rows (" << r.task << ") -> " << popts.output_path << " (" << r.format
+                  << ")\n";
       return 0;
     }
     if (*gen) {

@@ -8,7 +8,8 @@
 //    "model": {"embedding_dim": 32, "layers": [{"type": "lstm", "hidden_size": 256}, {"type": "dense"}]},
 //    "train": {"steps": 1000, "batch_size": 32, "seq_len": 64, "seed": 1, "threads": 0,
 //              "optimizer": {"type": "adam"}, "schedule": {"type": "cosine", "lr": 3e-3, ...},
-//              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 200, "eval_batches": 20,
+//              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 200, "eval_batches": 20 (periodic
+//              evaluations: at most this many held-out batches, 0 = all; the final one uses all),
 //              "checkpoint_every": 200, "keep_checkpoints": 3, "sample_length": 300,
 //              "sample_temperature": 0.8}}
 // For token inputs an Embedding(vocab, embedding_dim) is put first; a last dense layer without
@@ -26,10 +27,12 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "lstm/data.hpp"
+#include "lstm/metrics.hpp"
 #include "lstm/model.hpp"
 
 namespace lstm {
@@ -64,7 +67,7 @@ struct TrainOptions {
 struct TrainResult {
   int64_t step = 0;            // optimizer steps done in total
   double train_loss = 0;       // mean loss of the last logged window
-  double valid_loss = 0;       // last evaluation
+  double valid_loss = 0;       // last evaluation (at the end: over all held-out batches, = evaluate_model's)
   double valid_accuracy = 0;   // last evaluation (fraction of targets predicted right)
   std::string sample;          // charlm: generated text at the end
   std::string last_checkpoint;
@@ -76,15 +79,39 @@ struct TrainResult {
 // keeps its last good checkpoint and the result says so (stopped_non_finite).
 TrainResult train(const TrainOptions& opts);
 
+// One definition of the validation loss, used by training and `lstm eval` alike: the mean
+// cross-entropy over every target of the data evaluated (for a character LM every character of
+// the held-out text after the first that falls in a complete window of seq_len, windows taken
+// consecutively; for classification every row). Training's periodic evaluations (eval_every) may
+// stop after train.eval_batches batches as a cheap estimate and say so; the final one, whose
+// numbers TrainResult and the model report, always covers all of them and equals evaluate_model's
+// on the same run (same batch_size and seq_len: its defaults).
 struct EvalResult {
   double loss = 0, accuracy = 0;
-  int64_t count = 0;
+  int64_t count = 0;            // targets scored
+  std::string task;             // "charlm" | "classify"
+  std::string data;             // what was scored, in words (a file, or the held-out split of one)
+  int64_t unknown = 0;          // input characters/tokens read as the model's <unk> id
+  // Classification only (empty otherwise): the model's classes and per-class results.
+  std::vector<std::string> class_names;
+  ConfusionMatrix confusion;    // [target][predicted]
+  std::vector<ClassMetrics> per_class;
+  double macro_f1 = 0;          // unweighted mean of the classes' F1
+
+  nlohmann::json to_json() const;
+  // Loss, accuracy, and for classification a per-class table and the confusion matrix.
+  std::string report() const;
 };
-// Loads a model (a model.safetensors or a run folder) and evaluates it on the validation split of
-// `data_path` (default: the training data recorded in the model file). batch_size and seq_len are
-// in [1, kMaxDim]; a model with NaN/Inf parameters is refused unless allow_nonfinite.
+
+// Loads a model (a model.safetensors or a run folder) and evaluates it. Without `data_path`: on
+// the held-out split of the training data recorded in the model (the split training used). With
+// it: on EVERY row (CSV) or every window of the whole text (charlm) of that file, read with the
+// model's own vocabulary and classes: input it has never seen takes its <unk> id (a model without
+// one refuses it by name), a label that is not one of its classes is an error naming it, the file
+// and the line. batch_size and seq_len are in [1, kMaxDim], or 0 for the training configuration's
+// values; a model with NaN/Inf parameters is refused unless allow_nonfinite.
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path = "",
-                          int64_t batch_size = 32, int64_t seq_len = 64, const Placement& placement = {},
+                          int64_t batch_size = 0, int64_t seq_len = 0, const Placement& placement = {},
                           bool allow_nonfinite = false);
 
 // Samples `length` (in [0, kMaxDim]) characters from a character language model after reading

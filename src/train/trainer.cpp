@@ -26,6 +26,7 @@
 #include "lstm/parallel.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
+#include "train/trained_model.hpp"
 #if LSTM_HAVE_CUDA
 #include "cuda/misc.hpp"
 #endif
@@ -76,6 +77,9 @@ struct TaskData {
   Signal input;
   int64_t outputs = 0;
   std::map<std::string, std::string> meta;
+  std::vector<std::string> class_names;  // classify
+  std::string description;               // what valid_batch() covers, in words
+  int64_t unknown = 0;                   // inputs read as <unk> (evaluation on other data)
 
   Batch train_batch(int64_t B, int64_t T, Rng& rng) const {
     if (corpus) return corpus->train_batch(B, T, rng);
@@ -97,6 +101,12 @@ struct TaskData {
 
 nlohmann::json string_list(const std::vector<std::string>& v) { return nlohmann::json(v); }
 
+std::string percent(double fraction) {
+  std::ostringstream os;
+  os << 100 * fraction << "%";
+  return os.str();
+}
+
 // `cfg` is resolved (resolve_train_config), so its fields have their types and bounds.
 TaskData load_task_data(const nlohmann::json& cfg, const std::string& path_override = "") {
   TaskData d;
@@ -109,6 +119,7 @@ TaskData load_task_data(const nlohmann::json& cfg, const std::string& path_overr
     d.input = {SignalKind::Tokens, d.corpus->vocab().size()};
     d.outputs = d.corpus->vocab().size();
     d.meta["lstm_engine.vocab"] = d.corpus->vocab().to_json().dump();
+    d.description = "the held-out last " + percent(vf) + " of the text of " + path;
   } else if (d.task == "classify") {
     d.csv = CsvDataset::load(path, cfg["data"]["label_column"].get<std::string>(),
                              cfg["data"]["sequence_column"].get<std::string>());
@@ -119,6 +130,8 @@ TaskData load_task_data(const nlohmann::json& cfg, const std::string& path_overr
     d.outputs = d.csv->num_classes();
     d.meta["lstm_engine.classes"] = string_list(d.csv->class_names()).dump();
     if (d.csv->is_tokens()) d.meta["lstm_engine.tokens"] = string_list(d.csv->token_names()).dump();
+    d.class_names = d.csv->class_names();
+    d.description = "the held-out " + percent(vf) + " of the rows of " + path;
   } else {
     LSTM_THROW("config: 'task' must be \"charlm\" or \"classify\", got \"" << d.task << "\"");
   }
@@ -145,13 +158,6 @@ nlohmann::json model_json(const nlohmann::json& cfg, const TaskData& d) {
   return {{"input", input}, {"layers", layers}, {"dtype", "F32"}};
 }
 
-// Feature inputs go to the model's device; token ids stay on the host (the embedding copies
-// them after checking their range).
-Act to_act(const Batch& b, Device device = Device::CPU) {
-  if (device != Device::CPU && is_floating(b.inputs.dtype())) return {b.inputs.to_device(device), b.lengths};
-  return {b.inputs, b.lengths};
-}
-
 // Loss of a batch from the model's output; the gradient comes back in the output's shape.
 LossResult batch_loss(const Act& out, const Batch& b, int64_t classes) {
   if (out.data.dim() == 3) {
@@ -175,8 +181,18 @@ LossResult batch_loss(const Act& out, const Batch& b, int64_t classes) {
   return softmax_cross_entropy(out.data, b.targets);
 }
 
+// The validation loss (train.hpp's EvalResult says what it covers). max_batches > 0 stops early:
+// training's periodic estimate.
 EvalResult run_eval(Model& model, const TaskData& d, int64_t B, int64_t T, int64_t max_batches) {
   EvalResult r;
+  r.task = d.task;
+  r.data = d.description;
+  r.unknown = d.unknown;
+  const bool classify = !d.corpus;
+  if (classify) {
+    r.class_names = d.class_names;
+    r.confusion = ConfusionMatrix(d.outputs);
+  }
   int64_t n = d.valid_batches(B, T);
   if (max_batches > 0) n = std::min(n, max_batches);
   double loss_sum = 0;
@@ -185,7 +201,21 @@ EvalResult run_eval(Model& model, const TaskData& d, int64_t B, int64_t T, int64
   for (int64_t i = 0; i < n; ++i) {
     Batch b = d.valid_batch(B, T, i);
     if (b.targets.numel() == 0) continue;
-    LossResult lr = batch_loss(model.forward(to_act(b, model.placement().device), false, unused), b, d.outputs);
+    Act out = model.forward(to_act(b, model.placement().device), false, unused);
+    LossResult lr = batch_loss(out, b, d.outputs);
+    if (classify) {
+      // The logits of a batch of rows are small: the host reads them for the per-class counts.
+      const Tensor logits = out.data.cpu().to(DType::F32);
+      const int64_t rows = logits.size(0), C = logits.size(1);
+      const float* l = logits.data<float>();
+      const int64_t* y = b.targets.data<int64_t>();
+      for (int64_t k = 0; k < rows; ++k) {
+        int64_t best = 0;
+        for (int64_t c = 1; c < C; ++c)
+          if (l[k * C + c] > l[k * C + best]) best = c;
+        r.confusion.add(y[k], best);
+      }
+    }
     lr.resolve();
     loss_sum += lr.loss * static_cast<double>(lr.count);
     r.count += lr.count;
@@ -194,6 +224,10 @@ EvalResult run_eval(Model& model, const TaskData& d, int64_t B, int64_t T, int64
   if (r.count) {
     r.loss = loss_sum / static_cast<double>(r.count);
     r.accuracy = static_cast<double>(correct) / static_cast<double>(r.count);
+  }
+  if (classify) {
+    r.per_class = class_metrics(r.confusion, r.class_names);
+    for (const auto& c : r.per_class) r.macro_f1 += c.f1 / static_cast<double>(r.per_class.size());
   }
   return r;
 }
@@ -211,7 +245,13 @@ std::string sample_text(Model& model, const Vocab& vocab, const std::string& pri
     const int64_t T = y.data.size(0), C = y.data.size(2);
     // Only the last step's logits come to the host.
     std::vector<double> p = softmax_row(y.data.reshape({T, C}).slice0(T - 1, T).cpu(), 0, temperature);
-    double u = rng.uniform(), acc = 0;
+    // The unknown id stands for no character: it is never sampled.
+    double total = 1;
+    if (const int64_t unk = vocab.unk_id(); unk >= 0 && unk < C) {
+      total -= p[static_cast<size_t>(unk)];
+      p[static_cast<size_t>(unk)] = 0;
+    }
+    double u = rng.uniform() * total, acc = 0;
     int64_t next = C - 1;
     for (int64_t c = 0; c < C; ++c) {
       acc += p[c];
@@ -751,7 +791,11 @@ TrainResult train(const TrainOptions& opts) {
       win_n = 0;
     }
     if (eval_now) {
-      EvalResult er = run_eval(model, data, B, T, tc["eval_batches"]);
+      // The final evaluation covers every held-out batch (the number the run reports, equal to
+      // `lstm eval`'s); the periodic ones may stop at eval_batches as an estimate.
+      const int64_t max_batches = last ? 0 : tc["eval_batches"].get<int64_t>();
+      const bool partial = max_batches > 0 && data.valid_batches(B, T) > max_batches;
+      EvalResult er = run_eval(model, data, B, T, max_batches);
       res.valid_loss = er.loss;
       res.valid_accuracy = er.accuracy;
       if (er.count == 0)
@@ -760,7 +804,10 @@ TrainResult train(const TrainOptions& opts) {
       else
         log << (tty ? "\n" : "") << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << er.loss
             << ", accuracy " << std::setprecision(2) << 100 * er.accuracy << "% over " << er.count << " targets"
-            << std::defaultfloat << "\n";
+            << std::defaultfloat
+            << (partial ? " (estimate: the first " + std::to_string(max_batches) + " held-out batches)"
+                        : std::string(" (all held-out)"))
+            << "\n";
     }
     if (ckpt_now) {
       last_good = save_checkpoint(out_dir, step, model, meta, *opt, data_rng, model_rng, cfg, tc["keep_checkpoints"]);
@@ -808,28 +855,113 @@ std::string resolve_model_path(const std::string& path) {
   return path;
 }
 
+TrainedModel load_trained_model(const std::string& model_path, const Placement& placement, bool allow_nonfinite) {
+  TrainedModel t;
+  t.path = resolve_model_path(model_path);
+  t.model = load_model(t.path, &t.meta, DType::F32, allow_nonfinite);
+  t.model.place(placement);
+  t.config = stored_config(t.meta, "lstm_engine.config", t.path);
+  t.task = t.config["task"].get<std::string>();
+  return t;
+}
+
+Vocab stored_vocab(const TrainedModel& m) {
+  auto it = m.meta.find("lstm_engine.vocab");
+  LSTM_REQUIRE(it != m.meta.end(), m.path << ": not a character language model (no vocabulary in the file)");
+  const nlohmann::json vj = parse_json(it->second, m.path + ": metadata \"lstm_engine.vocab\"");
+  Vocab vocab;
+  try {
+    vocab = Vocab::from_json(vj);
+  } catch (const Error& e) {
+    LSTM_THROW(m.path << ": metadata \"lstm_engine.vocab\": " << e.what());
+  }
+  LSTM_REQUIRE(vocab.size() == m.model.output_signal().features,
+               m.path << ": the vocabulary has " << vocab.size() << " entries but the model outputs "
+                      << m.model.output_signal().features);
+  return vocab;
+}
+
+CsvSchema stored_csv_schema(const TrainedModel& m) {
+  auto names = [&](const char* key) {
+    auto it = m.meta.find(key);
+    LSTM_REQUIRE(it != m.meta.end(), m.path << ": no metadata \"" << key << "\" (not a classifier trained by lstm)");
+    const nlohmann::json j = parse_json(it->second, m.path + ": metadata \"" + key + "\"");
+    LSTM_REQUIRE(j.is_array() && std::all_of(j.begin(), j.end(), [](const auto& e) { return e.is_string(); }),
+                 m.path << ": metadata \"" << key << "\" must be a list of strings, got " << json_excerpt(j));
+    return j.get<std::vector<std::string>>();
+  };
+  CsvSchema s;
+  s.class_names = names("lstm_engine.classes");
+  LSTM_REQUIRE(static_cast<int64_t>(s.class_names.size()) == m.model.output_signal().features,
+               m.path << ": " << s.class_names.size() << " class names but the model outputs "
+                      << m.model.output_signal().features);
+  const Signal& in = m.model.input_signal();
+  s.tokens = in.kind == SignalKind::Tokens;
+  if (s.tokens) {
+    s.token_names = names("lstm_engine.tokens");
+    LSTM_REQUIRE(static_cast<int64_t>(s.token_names.size()) == in.features,
+                 m.path << ": " << s.token_names.size() << " token names but the model reads " << in.features);
+  } else {
+    s.features = in.features;
+  }
+  return s;
+}
+
+namespace {
+
+// The data `lstm eval --data FILE` scores: all of it, read with the model's vocabulary and classes.
+TaskData load_eval_data(const TrainedModel& m, const std::string& path) {
+  TaskData d;
+  d.task = m.task;
+  d.meta["lstm_engine.data"] = path;
+  d.description = "all of " + path;
+  if (m.task == "charlm") {
+    d.corpus = CharCorpus::load_for_eval({path}, stored_vocab(m));
+    d.outputs = d.corpus->vocab().size();
+    d.unknown = d.corpus->unknown_chars();
+  } else {
+    const CsvSchema schema = stored_csv_schema(m);
+    d.csv = CsvDataset::load(path, schema, m.config["data"]["label_column"].get<std::string>(),
+                             m.config["data"]["sequence_column"].get<std::string>());
+    d.valid_idx.resize(static_cast<size_t>(d.csv->size()));
+    for (int64_t i = 0; i < d.csv->size(); ++i) d.valid_idx[static_cast<size_t>(i)] = i;
+    d.outputs = static_cast<int64_t>(schema.class_names.size());
+    d.class_names = schema.class_names;
+    d.unknown = d.csv->unknown_tokens();
+  }
+  return d;
+}
+
+}  // namespace
+
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path, int64_t batch_size,
                           int64_t seq_len, const Placement& placement, bool allow_nonfinite) {
-  checked_size(batch_size, 1, kMaxDim, "evaluation batch size");
-  checked_size(seq_len, 1, kMaxDim, "evaluation sequence length");
-  std::string mp = resolve_model_path(model_path);
-  std::map<std::string, std::string> meta;
-  Model model = load_model(mp, &meta, DType::F32, allow_nonfinite);
-  model.place(placement);
-  nlohmann::json cfg = stored_config(meta, "lstm_engine.config", mp);
-  TaskData d = load_task_data(cfg, data_path);
-  for (const char* key : {"lstm_engine.vocab", "lstm_engine.classes", "lstm_engine.tokens"}) {
-    auto a = meta.find(key);
-    auto b = d.meta.find(key);
-    if (a != meta.end() && b != d.meta.end())
-      LSTM_REQUIRE(a->second == b->second, "the data's " << std::string(key).substr(12)
-                                                         << " differ from the model's: evaluate on data with the same "
-                                                         << std::string(key).substr(12));
+  checked_size(batch_size, 0, kMaxDim, "evaluation batch size");
+  checked_size(seq_len, 0, kMaxDim, "evaluation sequence length");
+  TrainedModel m = load_trained_model(model_path, placement, allow_nonfinite);
+  if (batch_size == 0) batch_size = m.config["train"]["batch_size"].get<int64_t>();
+  if (seq_len == 0) seq_len = m.config["train"]["seq_len"].get<int64_t>();
+  TaskData d;
+  if (data_path.empty()) {
+    d = load_task_data(m.config);
+    // The split is the one training held out only when the data is still the same.
+    for (const char* key : {"lstm_engine.vocab", "lstm_engine.classes", "lstm_engine.tokens"}) {
+      auto a = m.meta.find(key);
+      auto b = d.meta.find(key);
+      if (a != m.meta.end() && b != d.meta.end())
+        LSTM_REQUIRE(a->second == b->second, "the training data " << d.meta.at("lstm_engine.data")
+                                                                  << " changed since the model was trained (its "
+                                                                  << std::string(key).substr(12)
+                                                                  << " differ from the model's), so its held-out "
+                                                                     "split is not the one training used: give --data "
+                                                                     "to evaluate on a file of your choice");
+    }
+  } else {
+    d = load_eval_data(m, data_path);
   }
-  EvalResult r = run_eval(model, d, batch_size, seq_len, 0);
-  LSTM_REQUIRE(r.count > 0, "nothing to evaluate: the held-out split of " << d.meta.at("lstm_engine.data")
-                                                                         << " has no complete window of " << seq_len
-                                                                         << " steps (try a smaller --seq-len)");
+  EvalResult r = run_eval(m.model, d, batch_size, seq_len, 0);
+  LSTM_REQUIRE(r.count > 0, "nothing to evaluate: " << d.description << " has no complete window of " << seq_len
+                                                   << " steps (try a smaller --seq-len)");
   return r;
 }
 
@@ -837,20 +969,13 @@ std::string generate_text(const std::string& model_path, const std::string& prim
                           uint64_t seed, const Placement& placement, bool allow_nonfinite) {
   checked_size(length, 0, kMaxDim, "generated length");
   std::string mp = resolve_model_path(model_path);
-  std::map<std::string, std::string> meta;
-  Model model = load_model(mp, &meta, DType::F32, allow_nonfinite);
-  model.place(placement);
-  auto it = meta.find("lstm_engine.vocab");
-  LSTM_REQUIRE(it != meta.end(), mp << ": not a character language model (no vocabulary in the file)");
-  const nlohmann::json vj = parse_json(it->second, mp + ": metadata \"lstm_engine.vocab\"");
-  Vocab vocab;
-  try {
-    vocab = Vocab::from_json(vj);
-  } catch (const Error& e) {
-    LSTM_THROW(mp << ": metadata \"lstm_engine.vocab\": " << e.what());
-  }
+  TrainedModel m;
+  m.path = mp;
+  m.model = load_model(mp, &m.meta, DType::F32, allow_nonfinite);
+  m.model.place(placement);
+  const Vocab vocab = stored_vocab(m);
   Rng rng(seed);
-  return sample_text(model, vocab, prime, length, temperature, rng);
+  return sample_text(m.model, vocab, prime, length, temperature, rng);
 }
 
 }  // namespace lstm
