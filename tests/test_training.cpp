@@ -262,12 +262,15 @@ TEST(Training, FailedCheckpointLeavesNoTemporaryFolder) {
   std::ostringstream log;
   const fs::path run = d / "run", ck = run / "checkpoints";
   train(opts(tiny_config(d), run.string(), false, 2, &log));
-  // Writes past 2 KiB fail (as a full disk would, with another errno): the checkpoint at step 4.
+  // Writes of a file as large as the optimizer state fail (as a full disk would, with another
+  // errno): the checkpoint at step 4. The best model (written before it, smaller) still fits.
+  const auto trainer_bytes = fs::file_size(ck / "step-00000002" / "trainer.safetensors");
+  ASSERT_LT(fs::file_size(run / "best" / "model.safetensors") + 256, trainer_bytes);
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   auto prev = std::signal(SIGXFSZ, SIG_IGN);
   struct rlimit small = old;
-  small.rlim_cur = 2048;
+  small.rlim_cur = trainer_bytes - 1;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
   const std::string err = train_error(opts({}, run.string(), true, 4, &log));
   ::setrlimit(RLIMIT_FSIZE, &old);
