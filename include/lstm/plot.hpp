@@ -3,10 +3,10 @@
 // metrics.jsonl (written by train(), one JSON object a line, see train.hpp) holds records of kind
 // "train" (step, loss, lr, grad_norm, ...) and "eval" (step, valid_loss, valid_accuracy, ...).
 // The picture has four panels against the step: training and validation loss, validation
-// accuracy, learning rate and gradient norm. It is an indexed-colour PNG written without any
-// library (uncompressed deflate blocks), so it is a few hundred KB. Colours (RGB): training loss
-// (31, 119, 180), validation loss and accuracy (255, 127, 14) and (44, 160, 44), learning rate
-// (148, 103, 189), gradient norm (214, 39, 40).
+// accuracy (both with a dashed line at the best model's step), learning rate and gradient norm.
+// It is an indexed-colour PNG written without any library (uncompressed deflate blocks), so it is
+// a few hundred KB. Colours (RGB): training loss (31, 119, 180), validation loss and accuracy
+// (255, 127, 14) and (44, 160, 44), learning rate (148, 103, 189), gradient norm (214, 39, 40).
 #pragma once
 
 #include <cstdint>

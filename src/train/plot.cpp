@@ -164,8 +164,9 @@ struct Series {
 };
 
 // One panel in the box (x, y, w, h): title, legend, grid, ticks, curves.
+// `best_step` >= 0: a dashed line marks the step of the best model.
 void draw_panel(Canvas& cv, int x, int y, int w, int h, const std::string& title, const std::vector<Series>& series,
-                double max_step) {
+                double max_step, double best_step = -1) {
   cv.text(x + 48, y + 6, title, kInk, 2);
   int lx = x + 48 + Canvas::text_width(title, 2) + 16;
   if (series.size() > 1)
@@ -208,6 +209,11 @@ void draw_panel(Canvas& cv, int x, int y, int w, int h, const std::string& title
   cv.text(right - Canvas::text_width("STEP"), bottom + 16, "STEP", kAxis);
   cv.line(left, top, left, bottom, kAxis);
   cv.line(left, bottom, right, bottom, kAxis);
+  if (best_step >= 0) {
+    for (int yy = top; yy < bottom; yy += 6) cv.line(px(best_step), yy, px(best_step), std::min(bottom, yy + 2), kInk);
+    const int tx = std::min(px(best_step) + 4, right - Canvas::text_width("BEST"));
+    cv.text(tx, top + 2, "BEST", kInk);
+  }
   for (const Series& s : series) {
     for (size_t i = 1; i < s.pts.size(); ++i)
       cv.line(px(s.pts[i - 1].first), py(s.pts[i - 1].second), px(s.pts[i].first), py(s.pts[i].second), s.colour, 2);
@@ -236,7 +242,7 @@ PlotResult plot_run(const std::string& run_dir, const std::string& png_path, int
   PlotResult r;
   Series train{{}, kTrain, "TRAIN"}, valid{{}, kValid, "VALID", true}, acc{{}, kAccuracy, "VALID", true},
       lr{{}, kLr, "LR"}, norm{{}, kNorm, "NORM"};
-  double max_step = 0;
+  double max_step = 0, best_step = -1;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
@@ -256,14 +262,16 @@ PlotResult plot_run(const std::string& run_dir, const std::string& png_path, int
       ++r.eval_records;
       add(valid, rec, "valid_loss");
       add(acc, rec, "valid_accuracy");
+      if (rec.contains("best_step") && rec["best_step"].is_number() && rec["best_step"].get<double>() >= 0)
+        best_step = rec["best_step"].get<double>();
     }
   }
   LSTM_REQUIRE(r.train_records > 0, path << ": no \"train\" record yet (the run logs one every train.log_every steps)");
   for (auto& p : acc.pts) p.second *= 100;
   Canvas cv(width, height);
   const int hw = width / 2, hh = height / 2;
-  draw_panel(cv, 0, 0, hw, hh, "LOSS", {train, valid}, max_step);
-  draw_panel(cv, hw, 0, width - hw, hh, "VALID ACCURACY %", {acc}, max_step);
+  draw_panel(cv, 0, 0, hw, hh, "LOSS", {train, valid}, max_step, best_step);
+  draw_panel(cv, hw, 0, width - hw, hh, "VALID ACCURACY %", {acc}, max_step, best_step);
   draw_panel(cv, 0, hh, hw, height - hh, "LEARNING RATE", {lr}, max_step);
   draw_panel(cv, hw, hh, width - hw, height - hh, "GRADIENT NORM", {norm}, max_step);
   write_file_atomic(png_path, cv.png());
