@@ -485,3 +485,27 @@ TEST(Training, ResumeKeepsTheBestModelAndThePatienceCount) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
   fs::remove_all(d);
 }
+
+TEST(Training, ResumeRefusesMalformedProgressAndNamesIt) {
+  set_num_threads(1);
+  fs::path d = temp_dir("bad_progress");
+  std::ostringstream log;
+  const fs::path run = d / "run";
+  train(opts(tiny_config(d), run.string(), false, 2, &log));
+  const std::string tf = (run / "checkpoints" / "step-00000002" / "trainer.safetensors").string();
+  const SafetensorsFile good = read_safetensors(tf);
+  ASSERT_TRUE(good.metadata.count("progress"));
+  for (const auto& [progress, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"window": 3})", "metadata \"progress\" 'window' must be an object, got 3"},
+           {R"({"window": {"steps": 5}})", "'window.steps' must be an integer in [0, 2]"},
+           {R"({"best": {"metric": "valid_accuracy", "bad_evals": 0}})", "tracks valid_accuracy, the configuration valid_loss"},
+           {R"({"best": {"metric": "valid_loss", "bad_evals": -1}})", "'bad_evals' must be an integer"},
+           {"[1", "metadata \"progress\" is not valid JSON"}}) {
+    SafetensorsFile bad = good;
+    bad.metadata["progress"] = progress;
+    write_safetensors(tf, bad.tensors, bad.metadata);
+    EXPECT_THAT(train_error(opts({}, run.string(), true, 4, &log)), AllOf(::testing::HasSubstr(tf), ::testing::HasSubstr(want)))
+        << progress;
+  }
+  fs::remove_all(d);
+}

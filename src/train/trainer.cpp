@@ -690,6 +690,7 @@ TrainResult train(const TrainOptions& opts) {
       const std::string pre = tf + ": metadata \"progress\" ";
       elapsed_before = read_number(pr.value("elapsed_s", nlohmann::json(0)), pre + "'elapsed_s'", 0, HUGE_VAL);
       const nlohmann::json w = pr.value("window", nlohmann::json::object());
+      LSTM_REQUIRE(w.is_object(), pre << "'window' must be an object, got " << json_excerpt(w));
       win_loss = read_number(w.value("loss", nlohmann::json(0)), pre + "'window.loss'", -HUGE_VAL, HUGE_VAL);
       win_norm = read_number(w.value("grad_norm", nlohmann::json(0)), pre + "'window.grad_norm'", 0, HUGE_VAL);
       win_n = read_int(w.value("steps", nlohmann::json(0)), pre + "'window.steps'", 0, step);
