@@ -1,4 +1,4 @@
-// The `lstm` command line program: train, eval, predict, generate, info, forward.
+// The `lstm` command line program: train, eval, predict, generate, info, forward, plot.
 #include <CLI/CLI.hpp>
 #include <malloc.h>
 #include <signal.h>
@@ -13,6 +13,7 @@
 #include "lstm/lstm.hpp"
 #include "lstm/model.hpp"
 #include "lstm/parallel.hpp"
+#include "lstm/plot.hpp"
 #include "lstm/predict.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
@@ -371,6 +372,11 @@ int main(int argc, char** argv) {
                   "the file's only one");
   fwd->add_flag("--allow-nonfinite", allow_nonfinite, "accept NaN/Inf weights, h0 or c0");
 
+  auto* plot = app.add_subcommand("plot", "draw a run's curves (loss, accuracy, learning rate) from its metrics.jsonl to a PNG");
+  std::string run_arg, plot_out;
+  plot->add_option("--run", run_arg, "the run folder (lstm train's --out)")->required();
+  plot->add_option("--output", plot_out, "PNG file to write (default: RUN/curves.png)");
+
   // CLI11 would only say that a subcommand is required; a misspelt one deserves its name back.
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
@@ -419,9 +425,14 @@ int main(int argc, char** argv) {
                   << "\n";
         return 128 + r.stopped_by;
       }
-      std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
-                << 100 * r.valid_accuracy << "%\n";
-      std::cout << "model: " << out_dir << "/model.safetensors; checkpoint: " << r.last_checkpoint << "\n";
+      std::cout << "trained " << r.step << " steps" << (r.stopped_early ? " (stopped early)" : "")
+                << "; final validation loss " << r.valid_loss << ", accuracy " << 100 * r.valid_accuracy << "%\n";
+      std::cout << "model: " << out_dir << "/model.safetensors = ";
+      if (r.final_model == "best")
+        std::cout << "the best by " << r.best_metric << " (" << r.best_value << " at step " << r.final_model_step << ")";
+      else
+        std::cout << "the last step's weights (step " << r.final_model_step << ")";
+      std::cout << "; checkpoint: " << r.last_checkpoint << "\n";
       if (!r.sample.empty()) std::cout << "sample:\n" << r.sample << "\n";
       return 0;
     }
@@ -458,6 +469,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*info) return cmd_info(model_arg, allow_nonfinite);
+    if (*plot) {
+      const std::string png = plot_out.empty() ? run_arg + "/curves.png" : plot_out;
+      PlotResult r = plot_run(run_arg, png);
+      std::cout << "wrote " << png << " (" << r.width << "x" << r.height << "): " << r.train_records
+                << " training lines, " << r.eval_records << " evaluations";
+      if (r.skipped_lines) std::cout << "; skipped " << r.skipped_lines << " incomplete line(s)";
+      std::cout << "\n";
+      return 0;
+    }
     if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg, fwd_cudnn_algo, fwd_prefix,
                                    allow_nonfinite);
   } catch (const lstm::Error& e) {

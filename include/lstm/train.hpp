@@ -8,19 +8,45 @@
 //    "model": {"embedding_dim": 32, "layers": [{"type": "lstm", "hidden_size": 256}, {"type": "dense"}]},
 //    "train": {"steps": 1000, "batch_size": 32, "seq_len": 64, "seed": 1, "threads": 0,
 //              "optimizer": {"type": "adam"}, "schedule": {"type": "cosine", "lr": 3e-3, ...},
-//              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 200, "eval_batches": 20 (periodic
-//              evaluations: at most this many held-out batches, 0 = all; the final one uses all),
-//              "checkpoint_every": 200, "keep_checkpoints": 3, "sample_length": 300,
-//              "sample_temperature": 0.8}}
+//              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 250, "eval_batches": 0 (0: every
+//              evaluation covers all held-out batches, the number `lstm eval` gives; N: periodic
+//              evaluations are estimates over the first N, the final one still covers all),
+//              "checkpoint_every": 250, "keep_checkpoints": 3, "sample_length": 300,
+//              "sample_temperature": 0.8,
+//              "early_stopping": {"metric": "valid_loss", "patience": 0, "min_delta": 0.0},
+//              "final_model": "best"}}
 // For token inputs an Embedding(vocab, embedding_dim) is put first; a last dense layer without
 // out_features gets the vocabulary size (charlm) or the class count (classify). A classify model
 // must end its recurrent part with a many-to-one head ({"type": "last_step"} or an lstm with
 // "output": "h_n").
 //
-// Run folder layout (out_dir): checkpoints/step-NNNNNNNN/{model.safetensors, trainer.safetensors},
-// checkpoints/latest (the name of the newest complete checkpoint), model.safetensors (final).
-// model.safetensors holds exactly the PyTorch state_dict names; trainer.safetensors holds
-// optimizer state, RNG states and progress.
+// Every evaluation (each eval_every steps and at the last step) compares the validation metric
+// early_stopping.metric ("valid_loss": lower is better, "valid_accuracy": higher is better) with
+// the best so far; beating it by more than min_delta (the first evaluation always does) writes
+// best/model.safetensors. With patience N > 0, N evaluations in a row without such an improvement
+// stop the run (a checkpoint is written there; 0 = never stop early). final_model says what
+// model.safetensors gets at the end: "best" (best/'s model; the last weights when no evaluation
+// measured anything) or "last" (the weights of the last step).
+//
+// Run folder layout (out_dir): checkpoints/step-NNNNNNNN/{model.safetensors, trainer.safetensors,
+// best.safetensors (best/'s model as of that step, a hard link)}, checkpoints/latest (the name of
+// the newest complete checkpoint), best/model.safetensors (never rotated away), model.safetensors
+// (final), metrics.jsonl (below). Model files hold exactly the PyTorch state_dict names, with
+// metadata "lstm_engine.step" (the step of their weights) and, for model.safetensors,
+// "lstm_engine.final_model" ("best" or "last"); best/'s also "lstm_engine.valid_loss" and
+// "lstm_engine.valid_accuracy". trainer.safetensors holds optimizer state, RNG states and progress
+// (metadata "progress": elapsed time, the partial log window, the best-model state).
+//
+// metrics.jsonl: one JSON object a line, appended (one write each) as the run goes:
+//   {"kind": "train", "step", "loss" (mean over the steps since the last line), "lr",
+//    "grad_norm" (mean, before clipping), "tokens_per_s" (charlm) or "samples_per_s" (classify),
+//    "elapsed_s", "eta_s" (null until measured)}                           every log_every steps
+//   {"kind": "eval", "step", "valid_loss", "valid_accuracy", "valid_targets", "best" (a new best),
+//    "best_step", "elapsed_s"}                                             every evaluation
+//   {"kind": "early_stop", "step", "metric", "best", "best_step", "elapsed_s"}
+//   {"kind": "non_finite", "step", "loss", "grad_norm", "elapsed_s"}
+// A resume from step S first drops the lines past S (and a half-written last line), so the file
+// reads as one run. NaN/Inf values are written as null.
 #pragma once
 
 #include <atomic>
@@ -73,6 +99,12 @@ struct TrainResult {
   std::string last_checkpoint;
   bool stopped_non_finite = false;  // a NaN/Inf loss or gradient stopped the run
   int stopped_by = 0;               // *TrainOptions::stop's value when it stopped the run early
+  bool stopped_early = false;       // early stopping ended the run (train.early_stopping.patience)
+  std::string best_metric;          // train.early_stopping.metric
+  int64_t best_step = -1;           // step of best/model.safetensors (-1: no evaluation measured one)
+  double best_value = 0;            // its best_metric value
+  std::string final_model;          // what model.safetensors holds: "best" or "last" (empty: not written)
+  int64_t final_model_step = -1;    // the step of its weights
 };
 
 // Runs training. A NaN/Inf loss or gradient stops before the update is applied; the run folder
