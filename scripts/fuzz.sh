@@ -128,7 +128,7 @@ done
 wait
 for t in "${targets[@]}"; do
   if [[ "$(cat "$BUILD/logs/$t.rc" 2>/dev/null)" == 0 ]]; then
-    log "$t: ok ($(grep -m1 -o 'stat::number_of_executed_units: [0-9]*' "$BUILD/logs/$t.log" | grep -o '[0-9]*$' || echo '?') runs)"
+    log "$t: ok ($(grep -o 'stat::number_of_executed_units: [0-9]*' "$BUILD/logs/$t.log" | tail -n 1 | grep -o '[0-9]*$' || echo '?') runs)"
   else
     failed+=("$t")
     report_finding "$t"

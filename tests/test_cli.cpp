@@ -221,9 +221,10 @@ TEST(Cli, KilledTrainingResumesToTheSameParameters) {
 
   // eval, generate and info work on the run folder; a checkpoint from another architecture is refused.
   CliRun ev = run_cli("eval --model " + run.string());
-  CliRun ev0 = run_cli("eval --batch-size 0 --model " + run.string());
+  // --batch-size 0 means the training batch size; below that is refused.
+  CliRun ev0 = run_cli("eval --batch-size -1 --model " + run.string());
   EXPECT_EQ(ev0.code, 1);
-  EXPECT_THAT(ev0.out, HasSubstr("--batch-size: expected an integer in [1, 2147483647], got 0"));
+  EXPECT_THAT(ev0.out, HasSubstr("--batch-size: expected an integer in [0, 2147483647], got -1"));
   CliRun evl = run_cli("eval --seq-len 100000 --model " + run.string());
   EXPECT_EQ(evl.code, 1);
   EXPECT_THAT(evl.out, HasSubstr("nothing to evaluate"));
@@ -408,7 +409,7 @@ TEST(Cli, OversizedSizesNameTheFieldTheValueAndTheLimit) {
   fs::path run = tiny_run(d);
   CliRun e = run_cli("eval --model " + run.string() + " --batch-size 9223372036854775807");
   EXPECT_EQ(e.code, 1) << e.out;
-  EXPECT_THAT(e.out, HasSubstr("--batch-size: expected an integer in [1, 2147483647], got 9223372036854775807"));
+  EXPECT_THAT(e.out, HasSubstr("--batch-size: expected an integer in [0, 2147483647], got 9223372036854775807"));
   fs::remove_all(d);
 }
 
@@ -511,7 +512,7 @@ TEST(Cli, VersionAndUnknownSubcommand) {
   EXPECT_THAT(v.out, HasSubstr("lstm-engine 0.1.0"));
   CliRun u = run_cli("trian");
   EXPECT_NE(u.code, 0);
-  EXPECT_THAT(u.out, HasSubstr("unknown command 'trian'; expected one of train, eval, generate, info, forward"));
+  EXPECT_THAT(u.out, HasSubstr("unknown command 'trian'; expected one of train, eval, predict, generate, info, forward"));
 }
 
 TEST(Cli, AFileThatIsNotSafetensorsIsNamedAsSuch) {

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "io/csv_reader.hpp"
 #include "lstm/data.hpp"
 #include "lstm/error.hpp"
 
@@ -169,7 +170,9 @@ TEST(CharCorpus, TrainBatchesAreShiftedWindows) {
   const auto chars = static_cast<int64_t>(c.vocab().encode(text).size());
   EXPECT_EQ(c.train_size() + c.valid_size(), chars);
   EXPECT_EQ(c.valid_size(), std::llround(chars * 0.25));
-  EXPECT_EQ(c.vocab().size(), Vocab::from_text(text).size());
+  // A corpus's vocabulary reserves the unknown id after its characters.
+  EXPECT_EQ(c.vocab().size(), Vocab::from_text(text).size() + 1);
+  EXPECT_EQ(c.vocab().unk_id(), c.vocab().size() - 1);
 
   const int64_t B = 5, T = 7;
   Rng rng(42);
@@ -275,7 +278,7 @@ TEST(CharCorpus, LoadsFolderSkippingBinariesAndLinks) {
   fs::create_symlink("missing", dir.path() / "broken");
 
   const CharCorpus c = CharCorpus::load({dir.path().string()}, 0.25);
-  const Vocab expected = Vocab::from_text(a + b);
+  const Vocab expected = Vocab::from_text(a + b, true);
   EXPECT_EQ(c.vocab().to_json(), expected.to_json());
   EXPECT_EQ(c.train_size() + c.valid_size(), static_cast<int64_t>(expected.encode(a + b).size()));
 
@@ -308,7 +311,7 @@ TEST(CharCorpus, MaxBytesCutsAtACharacterBoundary) {
   EXPECT_EQ(whole.train_size() + whole.valid_size(), 14);
   const CharCorpus cut = CharCorpus::load({dir.path().string()}, 0.25, 13);
   EXPECT_EQ(cut.train_size() + cut.valid_size(), 11);  // the '€' straddling byte 13 is dropped
-  EXPECT_EQ(cut.vocab().size(), 11);
+  EXPECT_EQ(cut.vocab().size(), 11 + 1);  // and <unk>
   const CharCorpus exact = CharCorpus::load({dir.path().string()}, 0.25, 14);
   EXPECT_EQ(exact.train_size() + exact.valid_size(), 12);
   const CharCorpus first = CharCorpus::load({dir.path().string()}, 0.25, 8);
@@ -381,8 +384,8 @@ TEST(CsvDataset, TokensAndStringLabels) {
   const auto path = dir.write("tok.csv", "sequence,label\nthe cat sat,pos\n  dog   ran ,neg\n1 2 x,pos\n");
   const CsvDataset d = CsvDataset::load(path);
   EXPECT_TRUE(d.is_tokens());
-  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"1", "2", "cat", "dog", "ran", "sat", "the", "x"}));
-  EXPECT_EQ(d.features(), 8);
+  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"1", "2", "cat", "dog", "ran", "sat", "the", "x", "<unk>"}));
+  EXPECT_EQ(d.features(), 9);
   EXPECT_EQ(d.class_names(), (std::vector<std::string>{"neg", "pos"}));
   EXPECT_EQ(d.num_classes(), 2);
   const Batch b = d.batch({0, 1, 2});
@@ -408,7 +411,7 @@ TEST(CsvDataset, QuotedFields) {
   const CsvDataset d = CsvDataset::load(path);
   EXPECT_EQ(d.size(), 3);
   EXPECT_TRUE(d.is_tokens());
-  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"\"q\"", "x", "y", "z"}));
+  EXPECT_EQ(d.token_names(), (std::vector<std::string>{"\"q\"", "x", "y", "z", "<unk>"}));
   EXPECT_EQ(d.class_names(), (std::vector<std::string>{"a", "b"}));
   // Line numbers count the newline inside the quoted field.
   const auto bad = dir.write("q2.csv", "label,note,sequence\n0,\"a\nb\",1\n1,x,\n");
@@ -508,6 +511,154 @@ TEST(DataFiles, FolderOrFifoIsRefusedByName) {
   const std::string fifo = error_of([&] { CsvDataset::load((d / "pipe.csv").string(), "label", "sequence"); });
   EXPECT_NE(fifo.find("got a FIFO"), std::string::npos) << fifo;
   fs::remove_all(d);
+}
+
+// ---- Streaming CSV, model schemas, <unk> ---------------------------------------------------------
+
+namespace {
+
+// Records of `text` through CsvReader, fed `chunk` bytes at a time; an error comes back as its text.
+std::vector<CsvRecord> stream_records(const std::string& text, size_t chunk, std::string* error = nullptr) {
+  size_t at = 0;
+  CsvReader r(
+      [&](char* p, size_t n) {
+        n = std::min(n, text.size() - at);
+        std::copy_n(text.data() + at, n, p);
+        at += n;
+        return n;
+      },
+      "s.csv", chunk);
+  std::vector<CsvRecord> out;
+  CsvRecord rec;
+  try {
+    while (r.next(rec)) out.push_back(rec);
+  } catch (const Error& e) {
+    if (error) *error = e.what();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(CsvReader, StreamingParsesAsTheWholeFileDoesAtEveryChunkSize) {
+  const std::vector<std::string> texts = {
+      "\xEF\xBB\xBFlabel,sequence\r\na,\"x, y\"\r\n\r\nb,\"two\nlines\"\"q\"\"\"\nc,z",
+      "a,b\n\n\n\"\",\"\"\n,\n",
+      "x\r\ny\r",
+      "\"unterminated,a\nb",
+      "a,\"q\"x\n",
+      "",
+      "\xEF\xBB",
+  };
+  for (const auto& t : texts) {
+    std::vector<CsvRecord> whole;
+    std::string whole_error;
+    try {
+      whole = parse_csv(t, "s.csv");
+    } catch (const Error& e) {
+      whole_error = e.what();
+    }
+    for (size_t chunk : {1, 2, 3, 5, 64}) {
+      std::string err;
+      const auto got = stream_records(t, chunk, &err);
+      EXPECT_EQ(err, whole_error) << "chunk " << chunk << " text " << t;
+      if (!whole_error.empty()) continue;
+      ASSERT_EQ(got.size(), whole.size()) << "chunk " << chunk << " text " << t;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].fields, whole[i].fields) << "chunk " << chunk << " record " << i;
+        EXPECT_EQ(got[i].line, whole[i].line) << "chunk " << chunk << " record " << i;
+      }
+    }
+  }
+}
+
+TEST(CsvChunkReader, ReadsChunksInOrderWithIdsAndTheModelsVocabulary) {
+  TempDir dir;
+  std::string text = "id,sequence,label\n";
+  for (int i = 0; i < 7; ++i) {
+    text += 'r';
+    text += std::to_string(i);
+    text += i % 2 ? ",cat dog,pos\n" : ",dog new,pos\n";
+  }
+  const auto path = dir.write("c.csv", text);
+  CsvSchema schema{{"neg", "pos"}, true, {"cat", "dog", "<unk>"}, 0};
+  CsvChunkReader r(path, schema, "sequence");
+  EXPECT_TRUE(r.has_id_column());
+  CsvDataset rows;
+  std::vector<std::string> ids, all_ids;
+  std::vector<int64_t> sizes;
+  while (int64_t n = r.next(3, rows, ids)) {
+    sizes.push_back(n);
+    all_ids.insert(all_ids.end(), ids.begin(), ids.end());
+    const Batch b = rows.batch(std::vector<int64_t>(1, 0));
+    EXPECT_EQ(ints(b.targets), std::vector<int64_t>{-100});  // no label column read
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_EQ(all_ids, (std::vector<std::string>{"r0", "r1", "r2", "r3", "r4", "r5", "r6"}));
+  EXPECT_EQ(r.unknown_tokens(), 4);  // "new" in rows 0, 2, 4, 6
+
+  // The whole file with labels: unknown tokens take <unk> (id 2).
+  const CsvDataset d = CsvDataset::load(path, schema, "label", "sequence");
+  EXPECT_EQ(d.size(), 7);
+  EXPECT_EQ(d.unknown_tokens(), 4);
+  EXPECT_EQ(ints(d.batch({0}).inputs), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(ints(d.batch({0}).targets), std::vector<int64_t>{1});
+
+  // Without ids, rows are numbered from 1.
+  CsvChunkReader plain(dir.write("p.csv", "sequence\ncat\ndog\n"), schema, "sequence");
+  EXPECT_FALSE(plain.has_id_column());
+  plain.next(10, rows, ids);
+  EXPECT_EQ(ids, (std::vector<std::string>{"1", "2"}));
+}
+
+TEST(CsvChunkReader, UnknownClassAndOldVocabularyAreErrorsNamingThem) {
+  TempDir dir;
+  const auto path = dir.write("u.csv", "label,sequence\npos,cat\nmaybe,dog\n");
+  CsvSchema schema{{"neg", "pos"}, true, {"cat", "dog", "<unk>"}, 0};
+  const std::string cls = error_of([&] { CsvDataset::load(path, schema, "label", "sequence"); });
+  EXPECT_TRUE(contains(cls, path + ":3: unknown class 'maybe'")) << cls;
+  EXPECT_TRUE(contains(cls, "'neg', 'pos'")) << cls;
+  // A vocabulary without <unk> (a model from before it) names the token it cannot read.
+  const CsvSchema old{{"neg", "pos"}, true, {"cat", "dog"}, 0};
+  const auto p2 = dir.write("o.csv", "label,sequence\npos,cat bird\n");
+  const std::string tok = error_of([&] { CsvDataset::load(p2, old, "label", "sequence"); });
+  EXPECT_TRUE(contains(tok, p2 + ":2: step 2")) << tok;
+  EXPECT_TRUE(contains(tok, "'bird'")) << tok;
+  // Numeric models check the feature count.
+  const CsvSchema num{{"0", "1"}, false, {}, 2};
+  const auto p3 = dir.write("n.csv", "label,sequence\n1,1|2 3\n");
+  const std::string feat = error_of([&] { CsvDataset::load(p3, num, "label", "sequence"); });
+  EXPECT_TRUE(contains(feat, p3 + ":2: step 2 ('3')")) << feat;
+  EXPECT_TRUE(contains(feat, "has 1 features, the model reads 2")) << feat;
+}
+
+TEST(Vocab, UnknownIdIsLastAndRoundTrips) {
+  const Vocab v = Vocab::from_text("ba", true);
+  EXPECT_EQ(v.size(), 3);
+  EXPECT_EQ(v.unk_id(), 2);
+  int64_t unknown = 0;
+  EXPECT_EQ(v.encode("abz€", &unknown), (std::vector<int64_t>{0, 1, 2, 2}));
+  EXPECT_EQ(unknown, 2);
+  EXPECT_EQ(v.decode_one(2), "<unk>");
+  EXPECT_EQ(v.to_json(), (nlohmann::json{"a", "b", "<unk>"}));
+  const Vocab back = Vocab::from_json(v.to_json());
+  EXPECT_EQ(back.unk_id(), 2);
+  EXPECT_TRUE(contains(error_of([] { Vocab::from_json(nlohmann::json{"<unk>", "a"}); }), "only be the last entry"));
+  // Without one (models from before it), an unknown character is an error naming it.
+  EXPECT_TRUE(contains(error_of([] { Vocab::from_text("ab").encode("az"); }), "U+007A 'z'"));
+}
+
+TEST(CharCorpus, LoadForEvalEncodesAllTextWithTheModelsVocabulary) {
+  TempDir dir;
+  const auto path = dir.write("t.txt", "abcab");
+  const CharCorpus c = CharCorpus::load_for_eval({path}, Vocab::from_text("ab", true));
+  EXPECT_EQ(c.train_size(), 0);
+  EXPECT_EQ(c.valid_size(), 5);
+  EXPECT_EQ(c.unknown_chars(), 1);
+  EXPECT_EQ(c.valid_batches(10, 2), 1);  // (5 - 1) / 2 = 2 windows
+  const std::string msg = error_of([&] { CharCorpus::load_for_eval({path}, Vocab::from_text("ab")); });
+  EXPECT_TRUE(contains(msg, path)) << msg;
+  EXPECT_TRUE(contains(msg, "'c'")) << msg;
 }
 
 // ---- Regression targets, per-step tags, time series, normalisation ----------------------------

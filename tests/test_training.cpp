@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "lstm/parallel.hpp"
@@ -40,6 +42,44 @@ lstm::TrainOptions opts(const nlohmann::json& cfg, const std::string& out, bool 
 
 
 fs::path temp_dir(const std::string& name) { return lstm::testing::temp_dir("lstm_train", name); }
+
+// A log stream that asks the trainer to stop (as SIGINT would) once `trigger` has been written.
+class StopWhenLogged : public std::streambuf {
+ public:
+  StopWhenLogged(std::string trigger, std::atomic<int>& flag) : trigger_(std::move(trigger)), flag_(flag) {}
+  std::string text;
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    text.push_back(static_cast<char>(c));
+    if (text.size() >= trigger_.size() && text.compare(text.size() - trigger_.size(), trigger_.size(), trigger_) == 0)
+      flag_.store(SIGINT);
+    return c;
+  }
+
+ private:
+  std::string trigger_;
+  std::atomic<int>& flag_;
+};
+
+// metrics.jsonl's records without the fields that measure time.
+std::vector<nlohmann::json> metric_records(const fs::path& run) {
+  std::vector<nlohmann::json> r;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    for (const char* k : {"elapsed_s", "eta_s", "tokens_per_s", "samples_per_s"}) j.erase(k);
+    r.push_back(j);
+  }
+  return r;
+}
+
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  auto x = read_safetensors(a), y = read_safetensors(b);
+  ASSERT_EQ(x.tensors.size(), y.tensors.size()) << a << " vs " << b;
+  for (auto& [k, v] : x.tensors) EXPECT_EQ(max_abs_diff(v, y.tensors.at(k)), 0.0) << a << " vs " << b << ": " << k;
+}
 
 std::string config_error(const nlohmann::json& j) {
   try {
@@ -149,6 +189,35 @@ TEST(Training, SameSeedSameResultAndResumeEqualsUninterrupted) {
   int n = 0;
   for (auto& e : fs::directory_iterator(d / "full" / "checkpoints")) n += e.is_directory();
   EXPECT_EQ(n, 2);
+  // The best model too (the run that ended at step 20 evaluated there as well, which the
+  // uninterrupted one did not; its best is still the same).
+  EXPECT_EQ(full.best_step, rest.best_step);
+  EXPECT_EQ(full.best_value, rest.best_value);
+  EXPECT_GT(full.best_step, 0);
+  expect_same_tensors((d / "full" / "best" / "model.safetensors").string(),
+                      (d / "part" / "best" / "model.safetensors").string());
+
+  // Stopped mid log window, between evaluations (as SIGINT does) and resumed: the same weights,
+  // best model and metrics.jsonl (timings aside) as the uninterrupted run.
+  std::atomic<int> stop{0};
+  StopWhenLogged buf("step 20/40", stop);
+  std::ostream stop_log(&buf);
+  lstm::TrainOptions so = opts(cfg, (d / "stopped").string(), false, -1, &stop_log);
+  so.stop = &stop;
+  TrainResult stopped = train(so);
+  EXPECT_EQ(stopped.stopped_by, SIGINT);
+  EXPECT_EQ(stopped.step, 21);
+  TrainResult resumed = train(opts({}, (d / "stopped").string(), true, -1, &log));
+  EXPECT_EQ(resumed.step, 40);
+  expect_same_tensors((d / "full" / "model.safetensors").string(), (d / "stopped" / "model.safetensors").string());
+  expect_same_tensors((d / "full" / "best" / "model.safetensors").string(),
+                      (d / "stopped" / "best" / "model.safetensors").string());
+  EXPECT_EQ(resumed.best_step, full.best_step);
+  EXPECT_EQ(resumed.best_value, full.best_value);
+  EXPECT_EQ(resumed.final_model, full.final_model);
+  const auto want = metric_records(d / "full"), got = metric_records(d / "stopped");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
   fs::remove_all(d);
 }
 
@@ -267,12 +336,15 @@ TEST(Training, FailedCheckpointLeavesNoTemporaryFolder) {
   std::ostringstream log;
   const fs::path run = d / "run", ck = run / "checkpoints";
   train(opts(tiny_config(d), run.string(), false, 2, &log));
-  // Writes past 2 KiB fail (as a full disk would, with another errno): the checkpoint at step 4.
+  // Writes of a file as large as the optimizer state fail (as a full disk would, with another
+  // errno): the checkpoint at step 4. The best model (written before it, smaller) still fits.
+  const auto trainer_bytes = fs::file_size(ck / "step-00000002" / "trainer.safetensors");
+  ASSERT_LT(fs::file_size(run / "best" / "model.safetensors") + 256, trainer_bytes);
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   auto prev = std::signal(SIGXFSZ, SIG_IGN);
   struct rlimit small = old;
-  small.rlim_cur = 2048;
+  small.rlim_cur = trainer_bytes - 1;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
   const std::string err = train_error(opts({}, run.string(), true, 4, &log));
   ::setrlimit(RLIMIT_FSIZE, &old);
@@ -353,6 +425,137 @@ TEST(Training, ModelMemoryEstimateScalesWithTheJob) {
   EXPECT_GE(train1 - params, 8.0 * 100 * 2 * 7 * 64 * 4);
   EXPECT_LT(m.memory_bytes(8, 100, false, 4), train1);
   EXPECT_GT(m.memory_bytes(8, 100, true, 8), train1);
+}
+
+// ---- Best model and early stopping ----
+
+namespace {
+
+nlohmann::json best_config(const fs::path& d, const nlohmann::json& train_extra) {
+  nlohmann::json cfg = tiny_config(d);
+  cfg["train"].update({{"steps", 30}, {"log_every", 1}, {"eval_every", 5}, {"checkpoint_every", 5},
+                       {"keep_checkpoints", 0},
+                       {"schedule", {{"type", "constant"}, {"lr", 0.01}}}});
+  cfg["train"].update(train_extra);
+  return cfg;
+}
+
+std::string metadata(const fs::path& file, const std::string& key) {
+  auto m = read_safetensors(file.string()).metadata;
+  return m.count(key) ? m.at(key) : "(none)";
+}
+
+}  // namespace
+
+TEST(Training, EarlyStoppingStopsAtTheEvaluationPatienceAllowsAndKeepsTheBestModel) {
+  set_num_threads(1);
+  fs::path d = temp_dir("early_stop");
+  // No later evaluation beats the first by 100: patience 1 stops at the second (step 10).
+  std::ostringstream log;
+  TrainResult r = train(opts(best_config(d, {{"early_stopping", {{"patience", 1}, {"min_delta", 100}}}}),
+                             (d / "run").string(), false, -1, &log));
+  EXPECT_TRUE(r.stopped_early) << log.str();
+  EXPECT_EQ(r.step, 10);
+  EXPECT_EQ(r.best_step, 5);
+  EXPECT_EQ(r.final_model, "best");
+  EXPECT_EQ(r.final_model_step, 5);
+  std::ostringstream best;
+  best << std::fixed << std::setprecision(4) << r.best_value;
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("early stopping at step 10: valid_loss has not improved by more than 100 "
+                                              "for 1 evaluation(s); best " + best.str() + " at step 5"));
+  const fs::path run = d / "run";
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-00000010"));
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / "step-00000015"));
+  // best/ and model.safetensors hold the weights of the checkpoint at the best step.
+  expect_same_tensors((run / "best" / "model.safetensors").string(),
+                      (run / "checkpoints" / "step-00000005" / "model.safetensors").string());
+  expect_same_tensors((run / "model.safetensors").string(),
+                      (run / "checkpoints" / "step-00000005" / "model.safetensors").string());
+  EXPECT_EQ(metadata(run / "model.safetensors", "lstm_engine.step"), "5");
+  EXPECT_EQ(metadata(run / "model.safetensors", "lstm_engine.final_model"), "best");
+  EXPECT_EQ(metadata(run / "checkpoints" / "step-00000010" / "model.safetensors", "lstm_engine.step"), "10");
+  const auto recs = metric_records(run);
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.back()["kind"], "early_stop");
+  EXPECT_EQ(recs.back()["best_step"], 5);
+
+  // final_model "last": the weights of the last step, whatever the best.
+  TrainResult l = train(opts(best_config(d, {{"final_model", "last"}, {"steps", 12}}), (d / "last").string(), false,
+                             -1, &log));
+  EXPECT_EQ(l.final_model, "last");
+  EXPECT_EQ(l.final_model_step, 12);
+  EXPECT_EQ(metadata(d / "last" / "model.safetensors", "lstm_engine.final_model"), "last");
+  expect_same_tensors((d / "last" / "model.safetensors").string(),
+                      (d / "last" / "checkpoints" / "step-00000012" / "model.safetensors").string());
+  // Rotation keeps best/ (keep_checkpoints 1 removes every older step folder).
+  TrainResult k = train(opts(best_config(d, {{"keep_checkpoints", 1}, {"early_stopping", {{"min_delta", 100}}}}),
+                             (d / "keep").string(), false, -1, &log));
+  EXPECT_EQ(k.best_step, 5);
+  EXPECT_FALSE(fs::exists(d / "keep" / "checkpoints" / "step-00000005"));
+  EXPECT_EQ(metadata(d / "keep" / "best" / "model.safetensors", "lstm_engine.step"), "5");
+  fs::remove_all(d);
+}
+
+TEST(Training, ResumeKeepsTheBestModelAndThePatienceCount) {
+  set_num_threads(1);
+  fs::path d = temp_dir("best_resume");
+  // Best at step 5, then no improvement: patience 2 stops at step 15.
+  const nlohmann::json cfg = best_config(d, {{"early_stopping", {{"patience", 2}, {"min_delta", 100}}}});
+  std::ostringstream log;
+  TrainResult full = train(opts(cfg, (d / "full").string(), false, -1, &log));
+  ASSERT_TRUE(full.stopped_early);
+  ASSERT_EQ(full.step, 15);
+  // Stopped at step 12, after one evaluation without improvement: the resume must remember it
+  // (or it would stop at 20) and the best model of step 5.
+  std::atomic<int> stop{0};
+  StopWhenLogged buf("step 11/30", stop);
+  std::ostream stop_log(&buf);
+  lstm::TrainOptions so = opts(cfg, (d / "run").string(), false, -1, &stop_log);
+  so.stop = &stop;
+  ASSERT_EQ(train(so).step, 12);
+  // The interrupted run's later files must not leak into the resumed one: a best model from
+  // "the future" and metrics past the checkpoint, a half-written line included.
+  const fs::path run = d / "run";
+  // (Replaced as the trainer replaces it, by a new file: checkpoints hold hard links to the old.)
+  fs::remove(run / "best" / "model.safetensors");
+  fs::copy_file(run / "checkpoints" / "step-00000010" / "model.safetensors", run / "best" / "model.safetensors");
+  std::ofstream(run / "metrics.jsonl", std::ios::app) << R"({"kind": "train", "step": 13, "loss": 1})" << "\n"
+                                                      << R"({"kind": "eval", "st)";
+  TrainResult rest = train(opts({}, run.string(), true, -1, &log));
+  EXPECT_TRUE(rest.stopped_early);
+  EXPECT_EQ(rest.step, 15);
+  EXPECT_EQ(rest.best_step, 5);
+  EXPECT_EQ(rest.best_value, full.best_value);
+  expect_same_tensors((d / "full" / "model.safetensors").string(), (run / "model.safetensors").string());
+  expect_same_tensors((d / "full" / "best" / "model.safetensors").string(), (run / "best" / "model.safetensors").string());
+  const auto want = metric_records(d / "full"), got = metric_records(run);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
+  fs::remove_all(d);
+}
+
+TEST(Training, ResumeRefusesMalformedProgressAndNamesIt) {
+  set_num_threads(1);
+  fs::path d = temp_dir("bad_progress");
+  std::ostringstream log;
+  const fs::path run = d / "run";
+  train(opts(tiny_config(d), run.string(), false, 2, &log));
+  const std::string tf = (run / "checkpoints" / "step-00000002" / "trainer.safetensors").string();
+  const SafetensorsFile good = read_safetensors(tf);
+  ASSERT_TRUE(good.metadata.count("progress"));
+  for (const auto& [progress, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"window": 3})", "metadata \"progress\" 'window' must be an object, got 3"},
+           {R"({"window": {"steps": 5}})", "'window.steps' must be an integer in [0, 2]"},
+           {R"({"best": {"metric": "valid_accuracy", "bad_evals": 0}})", "tracks valid_accuracy, the configuration valid_loss"},
+           {R"({"best": {"metric": "valid_loss", "bad_evals": -1}})", "'bad_evals' must be an integer"},
+           {"[1", "metadata \"progress\" is not valid JSON"}}) {
+    SafetensorsFile bad = good;
+    bad.metadata["progress"] = progress;
+    write_safetensors(tf, bad.tensors, bad.metadata);
+    EXPECT_THAT(train_error(opts({}, run.string(), true, 4, &log)), AllOf(::testing::HasSubstr(tf), ::testing::HasSubstr(want)))
+        << progress;
+  }
+  fs::remove_all(d);
 }
 
 // ---- Tasks regress, forecast and tag ----------------------------------------------------------
@@ -494,25 +697,22 @@ TEST(Tasks, ForecastLearnsASineAndNormalisesOnTheTrainingSplitOnly) {
   EXPECT_NEAR(n.mean[0], mean, 1e-5);
   EXPECT_NEAR(n.std[0], std::sqrt(var / 240), 1e-5);
 
-  // Evaluating on a file whose training part differs (so would its statistics) uses the model's
-  // statistics: the held-out result is unchanged.
+  // Evaluating on another file (`lstm eval --data`: every window of it) uses the model's
+  // statistics, not the file's: steps 210..299 alone have another mean and std (4.5 periods in
+  // their first 80%), which would throw the forecast off by about 0.2 in original units.
   {
     std::ifstream in(d / "sine.csv");
-    std::ofstream out(d / "shifted.csv");
+    std::ofstream out(d / "tail.csv");
     std::string line;
-    for (int i = 0; std::getline(in, line); ++i) {
-      if (i >= 1 && i <= 100) {
-        const size_t comma = line.find(',');
-        line = line.substr(0, comma) + "," + std::to_string(100 + std::stod(line.substr(comma + 1)));
-      }
-      out << line << "\n";
-    }
+    for (int i = 0; std::getline(in, line); ++i)
+      if (i == 0 || i > 210) out << line << "\n";
   }
   EvalResult same = evaluate_model((d / "run").string());
-  EvalResult shifted = evaluate_model((d / "run").string(), (d / "shifted.csv").string());
   EXPECT_NEAR(same.mse, r.valid_mse, 1e-12);
-  EXPECT_EQ(shifted.mse, same.mse);
-  EXPECT_EQ(shifted.count, same.count);
+  EvalResult tail = evaluate_model((d / "run").string(), (d / "tail.csv").string());
+  EXPECT_EQ(tail.count, (90 - 12 - 3 + 1) * 3);
+  EXPECT_LT(tail.mse, 0.01);
+  EXPECT_THAT(tail.data, ::testing::HasSubstr("every window of the series"));
   fs::remove_all(d);
 }
 
@@ -579,7 +779,7 @@ TEST(Tasks, RegressionOnTokensStoresTargetStatisticsOnly) {
   const auto norm = nlohmann::json::parse(f.metadata.at("lstm_engine.normalization"));
   EXPECT_TRUE(norm["inputs"].is_null());
   EXPECT_EQ(norm["targets"]["names"], nlohmann::json({"count"}));
-  EXPECT_EQ(f.metadata.at("lstm_engine.tokens"), R"(["a","b"])");
+  EXPECT_EQ(f.metadata.at("lstm_engine.tokens"), R"(["a","b","<unk>"])");
   EXPECT_THAT(log.str(), ::testing::HasSubstr("targets/s"));
   EvalResult e = evaluate_model((d / "run").string());
   EXPECT_TRUE(e.regression);

@@ -1,4 +1,4 @@
-// The `lstm` command line program: train, eval, generate, info, forward.
+// The `lstm` command line program: train, eval, predict, generate, info, forward, plot.
 #include <CLI/CLI.hpp>
 #include <malloc.h>
 #include <signal.h>
@@ -13,6 +13,8 @@
 #include "lstm/lstm.hpp"
 #include "lstm/model.hpp"
 #include "lstm/parallel.hpp"
+#include "lstm/plot.hpp"
+#include "lstm/predict.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
 
@@ -302,15 +304,33 @@ int main(int argc, char** argv) {
   train->add_flag("--resume", resume, "continue from the run folder's latest checkpoint");
   train->add_flag("--overwrite", overwrite, "start over in a run folder that holds another run (removes its checkpoints and model)");
 
-  auto* eval = app.add_subcommand("eval", "evaluate a trained model on its held-out data");
+  auto* eval = app.add_subcommand("eval", "evaluate a trained model on a test file or its held-out data");
   std::string model_arg;
-  int64_t eval_batch = 32, eval_len = 64;
+  int64_t eval_batch = 0, eval_len = 0;
+  bool eval_json = false;
   eval->add_option("--model", model_arg, "model.safetensors or a run folder")->required();
-  eval->add_option("--data", data_path, "data to evaluate on (default: the training data recorded in the model)");
-  eval->add_option("--batch-size", eval_batch)->capture_default_str();
-  eval->add_option("--seq-len", eval_len, "window length for language models")->capture_default_str();
+  eval->add_option("--data", data_path,
+                   "a file to score in full with the model's vocabulary and classes (default: the held-out split of "
+                   "the training data recorded in the model)");
+  eval->add_option("--batch-size", eval_batch, "rows or windows per batch (0: the training batch_size)")
+      ->capture_default_str();
+  eval->add_option("--seq-len", eval_len, "window length for language models (0: the training seq_len)")
+      ->capture_default_str();
+  eval->add_flag("--json", eval_json, "print the whole report as one JSON object");
   add_placement(eval);
   eval->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
+
+  auto* pred = app.add_subcommand("predict", "run a trained model on new data (include/lstm/predict.hpp, docs/guide/predict-eval.md)");
+  PredictOptions popts;
+  pred->add_option("--model", popts.model_path, "model.safetensors or a run folder")->required();
+  pred->add_option("--data", popts.data_path, "input: a CSV file (classify) or a text file, one context per line (charlm)")
+      ->required();
+  pred->add_option("--output", popts.output_path, "file to write (default: standard output)");
+  pred->add_option("--format", popts.format, "csv|jsonl (default: jsonl for an --output ending in .jsonl, else csv)");
+  pred->add_option("--top-k", popts.top_k, "charlm: next characters per line")->capture_default_str();
+  pred->add_option("--batch-size", popts.batch_size, "rows read, run and written at a time")->capture_default_str();
+  add_placement(pred);
+  pred->add_flag("--allow-nonfinite", allow_nonfinite, kAllowNonfinite);
 
   auto* gen = app.add_subcommand("generate", "sample text from a character language model");
   std::string prime;
@@ -351,6 +371,11 @@ int main(int argc, char** argv) {
                   "which nn.LSTM of the file to run, by its attribute name (\"lstm\" for lstm.weight_ih_l0); default: "
                   "the file's only one");
   fwd->add_flag("--allow-nonfinite", allow_nonfinite, "accept NaN/Inf weights, h0 or c0");
+
+  auto* plot = app.add_subcommand("plot", "draw a run's curves (loss, accuracy, learning rate) from its metrics.jsonl to a PNG");
+  std::string run_arg, plot_out;
+  plot->add_option("--run", run_arg, "the run folder (lstm train's --out)")->required();
+  plot->add_option("--output", plot_out, "PNG file to write (default: RUN/curves.png)");
 
   // CLI11 would only say that a subcommand is required; a misspelt one deserves its name back.
   if (argc > 1 && argv[1][0] != '-') {
@@ -400,26 +425,45 @@ int main(int argc, char** argv) {
                   << "\n";
         return 128 + r.stopped_by;
       }
+      std::cout << "trained " << r.step << " steps" << (r.stopped_early ? " (stopped early)" : "")
+                << "; final validation loss " << r.valid_loss;
       if (r.regression)
-        std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << " (normalised), MSE "
-                  << r.valid_mse << ", MAE " << r.valid_mae << ", RMSE " << r.valid_rmse << " (original units)\n";
+        std::cout << " (normalised), MSE " << r.valid_mse << ", MAE " << r.valid_mae << ", RMSE " << r.valid_rmse
+                  << " (original units)\n";
       else
-        std::cout << "trained " << r.step << " steps; final validation loss " << r.valid_loss << ", accuracy "
-                  << 100 * r.valid_accuracy << "%\n";
-      std::cout << "model: " << out_dir << "/model.safetensors; checkpoint: " << r.last_checkpoint << "\n";
+        std::cout << ", accuracy " << 100 * r.valid_accuracy << "%\n";
+      std::cout << "model: " << out_dir << "/model.safetensors = ";
+      if (r.final_model == "best")
+        std::cout << "the best by " << r.best_metric << " (" << r.best_value << " at step " << r.final_model_step << ")";
+      else
+        std::cout << "the last step's weights (step " << r.final_model_step << ")";
+      std::cout << "; checkpoint: " << r.last_checkpoint << "\n";
       if (!r.sample.empty()) std::cout << "sample:\n" << r.sample << "\n";
       return 0;
     }
     if (*eval) {
-      checked_size(eval_batch, 1, kMaxDim, "--batch-size");
-      checked_size(eval_len, 1, kMaxDim, "--seq-len");
+      checked_size(eval_batch, 0, kMaxDim, "--batch-size");
+      checked_size(eval_len, 0, kMaxDim, "--seq-len");
       EvalResult r = evaluate_model(model_arg, data_path, eval_batch, eval_len,
                                     make_placement(device, precision, algo, cudnn_algo, cuda_graphs), allow_nonfinite);
-      if (r.regression)
-        std::cout << "loss " << r.loss << " (normalised)  MSE " << r.mse << "  MAE " << r.mae << "  RMSE " << r.rmse
-                  << " (original units)  over " << r.count << " targets\n";
+      if (eval_json)
+        std::cout << r.to_json().dump(2) << "\n";
       else
-        std::cout << "loss " << r.loss << "  accuracy " << 100 * r.accuracy << "%  over " << r.count << " targets\n";
+        std::cout << r.report();
+      return 0;
+    }
+    if (*pred) {
+      checked_size(popts.top_k, 1, kMaxDim, "--top-k");
+      checked_size(popts.batch_size, 1, kMaxDim, "--batch-size");
+      popts.placement = make_placement(device, precision, algo, cudnn_algo, cuda_graphs);
+      popts.allow_nonfinite = allow_nonfinite;
+      PredictResult r = lstm::predict(popts, std::cout);
+      if (r.unknown > 0)
+        std::cerr << "lstm predict: " << r.unknown << " input " << (r.task == "charlm" ? "character(s)" : "token(s)")
+                  << " not in the model's vocabulary were read as <unk>\n";
+      if (!popts.output_path.empty() && popts.output_path != "-")
+        std::cerr << "lstm predict: " << r.rows << " rows (" << r.task << ") -> " << popts.output_path << " (" << r.format
+                  << ")\n";
       return 0;
     }
     if (*gen) {
@@ -430,6 +474,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*info) return cmd_info(model_arg, allow_nonfinite);
+    if (*plot) {
+      const std::string png = plot_out.empty() ? run_arg + "/curves.png" : plot_out;
+      PlotResult r = plot_run(run_arg, png);
+      std::cout << "wrote " << png << " (" << r.width << "x" << r.height << "): " << r.train_records
+                << " training lines, " << r.eval_records << " evaluations";
+      if (r.skipped_lines) std::cout << "; skipped " << r.skipped_lines << " incomplete line(s)";
+      std::cout << "\n";
+      return 0;
+    }
     if (*fwd) return cmd_forward(model_arg, in_path, out_path, dtype_arg, device, algo_arg, fwd_cudnn_algo, fwd_prefix,
                                    allow_nonfinite);
   } catch (const lstm::Error& e) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,23 +24,34 @@ struct Batch {
   Tensor targets;
 };
 
-// Characters (Unicode code points, from UTF-8) <-> ids 0..size()-1, in order of first sorting.
+// The name of the id a vocabulary reserves for what it has never seen (characters of a character
+// vocabulary, tokens of a CSV token vocabulary). Models trained by this version have one; older
+// ones do not, and refuse unknown input by name.
+inline constexpr const char* kUnknownToken = "<unk>";
+
+// Characters (Unicode code points, from UTF-8) <-> ids 0..size()-1, in order of first sorting;
+// with an unknown id (reserve_unk) that one comes last. Its JSON form is an array of the
+// characters as UTF-8 strings, the unknown id written as "<unk>".
 class Vocab {
  public:
   Vocab() = default;
-  // Every distinct code point of `text`, sorted. Throws on invalid UTF-8 naming the byte offset.
-  static Vocab from_text(const std::string& text);
+  // Every distinct code point of `text`, sorted; reserve_unk adds the unknown id after them.
+  // Throws on invalid UTF-8 naming the byte offset.
+  static Vocab from_text(const std::string& text, bool reserve_unk = false);
   static Vocab from_json(const nlohmann::json& j);
-  nlohmann::json to_json() const;  // array of the characters as UTF-8 strings
-  int64_t size() const { return static_cast<int64_t>(chars_.size()); }
-  // Throws naming the first character not in the vocabulary (and its byte offset).
-  std::vector<int64_t> encode(const std::string& text) const;
+  nlohmann::json to_json() const;
+  int64_t size() const { return static_cast<int64_t>(chars_.size()) + (unk_ >= 0 ? 1 : 0); }
+  int64_t unk_id() const { return unk_; }  // -1: none
+  // A character not in the vocabulary becomes unk_id(); without one, throws naming the first such
+  // character (and its byte offset). `unknown` (if given) is incremented per unknown character.
+  std::vector<int64_t> encode(const std::string& text, int64_t* unknown = nullptr) const;
   std::string decode(const std::vector<int64_t>& ids) const;  // throws on an id out of range
-  std::string decode_one(int64_t id) const;
+  std::string decode_one(int64_t id) const;  // unk_id() decodes as "<unk>"
 
  private:
   std::vector<char32_t> chars_;
   std::map<char32_t, int64_t> index_;
+  int64_t unk_ = -1;
 };
 
 // Character-level language modelling: the text is encoded once; a batch is B windows of T+1
@@ -51,6 +63,12 @@ class CharCorpus {
   static CharCorpus load(const std::vector<std::string>& paths, double valid_fraction = 0.05,
                          int64_t max_bytes = -1);
   static CharCorpus from_text(const std::string& text, double valid_fraction = 0.05);
+  // For evaluating a trained model on other text: every file named is read as load() reads it and
+  // ALL of the text becomes the held-out split, encoded with the model's `vocab` (characters it
+  // lacks become its unknown id; without one, an error names the character). Throws when the text
+  // has fewer than 2 characters.
+  static CharCorpus load_for_eval(const std::vector<std::string>& paths, const Vocab& vocab, int64_t max_bytes = -1);
+  int64_t unknown_chars() const { return unknown_; }  // characters read as the unknown id
   const Vocab& vocab() const { return vocab_; }
   int64_t train_size() const { return static_cast<int64_t>(train_.size()); }
   int64_t valid_size() const { return static_cast<int64_t>(valid_.size()); }
@@ -65,6 +83,17 @@ class CharCorpus {
  private:
   Vocab vocab_;
   std::vector<int64_t> train_, valid_;
+  int64_t unknown_ = 0;
+};
+
+// What a trained classifier reads from CSV: its class names (a label's id is its position) and
+// its input: tokens with the model's vocabulary (id = position; tokens not in it take the id of
+// kUnknownToken, or are an error when the vocabulary has none), or `features` numbers per step.
+struct CsvSchema {
+  std::vector<std::string> class_names;
+  bool tokens = false;
+  std::vector<std::string> token_names;
+  int64_t features = 0;  // numeric input: numbers per step (tokens: 0)
 };
 
 // What a CSV row's target is: a class label per sequence (classify), numbers per sequence
@@ -80,7 +109,8 @@ struct CsvSpec {
 
 // Sequences from CSV. The first row is a header. One column holds the sequence: space-separated
 // steps, each a number or numbers joined by '|' (numeric features, F per step) or, when any step
-// is not a number, a token (tokens get a vocabulary of their own). The target is
+// is not a number, a token (tokens get a vocabulary of their own, sorted, then kUnknownToken
+// unless the data holds it). The target is
 //   Label:  one column; integers are used as class ids, any other strings are mapped to ids in
 //           sorted order;
 //   Values: one or more columns, each a finite number (as float) per row;
@@ -91,8 +121,15 @@ class CsvDataset {
  public:
   static CsvDataset load(const std::string& path, const std::string& label_column = "label",
                          const std::string& sequence_column = "sequence");
-  static CsvDataset load(const std::string& path, const CsvSpec& spec);
+  // Every row of `path` read with a trained model's schema (no decisions from the data): a label
+  // that is not one of schema.class_names is an error naming it, the file and the line.
+  static CsvDataset load(const std::string& path, const CsvSchema& schema, const std::string& label_column,
+                         const std::string& sequence_column);
+  CsvSchema schema() const;
+  int64_t unknown_tokens() const { return unknown_tokens_; }  // tokens read as kUnknownToken
   int64_t size() const { return static_cast<int64_t>(sequences_.size()); }
+  // Any target (Label, Values, Tags) read as `spec` says.
+  static CsvDataset load(const std::string& path, const CsvSpec& spec);
   CsvTarget target() const { return target_; }
   // Label and Tags: the classes (ids 0..num_classes()-1 in this order).
   int64_t num_classes() const { return static_cast<int64_t>(class_names_.size()); }
@@ -123,6 +160,32 @@ class CsvDataset {
   std::vector<std::vector<int64_t>> tags_;     // Tags: one class id per step
   std::vector<float> values_;                  // Values: size() * K
   std::vector<std::string> class_names_, value_names_, token_names_;
+  int64_t unknown_tokens_ = 0;
+  friend class CsvChunkReader;
+};
+
+// Reads a CSV file with a trained model's schema a chunk of rows at a time: memory stays constant
+// in the number of rows (what `lstm predict` streams through). Parses as CsvDataset::load does.
+class CsvChunkReader {
+ public:
+  // Opens `path` and reads its header, which must name sequence_column and, when label_column is
+  // not empty, label_column (labels are then checked against the schema's classes). An id_column
+  // the header names is passed through as the rows' ids.
+  CsvChunkReader(const std::string& path, CsvSchema schema, const std::string& sequence_column,
+                 const std::string& label_column = "", const std::string& id_column = "id");
+  CsvChunkReader(CsvChunkReader&&) noexcept;
+  ~CsvChunkReader();
+  // Replaces `rows` with the next up to max_rows (>= 1) rows of the file and returns how many (0 at
+  // the end). rows.batch() works on them; they carry no class or token names (the schema has
+  // them); without a label column their targets are -100. `ids`: per row, the id column's value,
+  // or else the row's number (1: the first row after the header).
+  int64_t next(int64_t max_rows, CsvDataset& rows, std::vector<std::string>& ids);
+  bool has_id_column() const;
+  int64_t unknown_tokens() const;  // so far
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // A numeric time series from CSV: a header row, then one row per time step, in time order.

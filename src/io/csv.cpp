@@ -1,4 +1,9 @@
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -8,17 +13,13 @@
 #include <unordered_map>
 
 #include "io/config_reader.hpp"
+#include "io/csv_reader.hpp"
 #include "lstm/data.hpp"
 #include "lstm/error.hpp"
 
 namespace lstm {
 
 namespace {
-
-struct Record {
-  std::vector<std::string> fields;
-  int64_t line = 0;  // where the record starts (quoted fields may span lines)
-};
 
 constexpr std::string_view kSpace = " \t\r\n\v\f";
 
@@ -39,12 +40,18 @@ std::vector<std::string_view> split_ws(std::string_view s) {
   return out;
 }
 
-std::vector<Record> parse_csv(std::string_view s, const std::string& path) {
-  std::vector<Record> rows;
-  size_t pos = s.starts_with("\xEF\xBB\xBF") ? 3 : 0;  // spreadsheets like to write a BOM
-  int64_t line = 1;
-  while (pos < s.size()) {
-    Record r;
+enum class Parsed { Record, NeedMore, End };
+
+// Parses the record of `s` at `pos` into `r` (blank lines skipped). When the record may go on
+// past the end of `s` and more input may follow (!eof), returns NeedMore with pos and line left
+// as they were, so that the caller can append input and parse the record again.
+Parsed parse_record(std::string_view s, size_t& pos_io, int64_t& line_io, bool eof, const std::string& path,
+                    CsvRecord& r) {
+  size_t pos = pos_io;
+  int64_t line = line_io;
+  for (;;) {
+    if (pos >= s.size()) return eof ? Parsed::End : Parsed::NeedMore;
+    r.fields.clear();
     r.line = line;
     bool end_of_record = false;
     while (!end_of_record) {
@@ -54,10 +61,12 @@ std::vector<Record> parse_csv(std::string_view s, const std::string& path) {
         const int64_t open_line = line;
         ++pos;
         for (;;) {
+          if (pos >= s.size() && !eof) return Parsed::NeedMore;
           LSTM_REQUIRE(pos < s.size(), path << ":" << open_line << ": unterminated quoted field " << field_no
                                             << ": it opens with \" but the file ends before the closing quote");
           const char c = s[pos];
           if (c == '"') {
+            if (pos + 1 >= s.size() && !eof) return Parsed::NeedMore;
             if (pos + 1 < s.size() && s[pos + 1] == '"') {
               field += '"';
               pos += 2;
@@ -71,11 +80,14 @@ std::vector<Record> parse_csv(std::string_view s, const std::string& path) {
           ++pos;
         }
         if (pos >= s.size()) {
+          if (!eof) return Parsed::NeedMore;
           end_of_record = true;
         } else if (s[pos] == ',') {
           ++pos;
         } else if (s[pos] == '\n') {
           ++pos, ++line, end_of_record = true;
+        } else if (s[pos] == '\r' && pos + 1 >= s.size() && !eof) {
+          return Parsed::NeedMore;
         } else if (s[pos] == '\r' && pos + 1 < s.size() && s[pos + 1] == '\n') {
           pos += 2, ++line, end_of_record = true;
         } else {
@@ -88,6 +100,7 @@ std::vector<Record> parse_csv(std::string_view s, const std::string& path) {
         while (pos < s.size() && s[pos] != ',' && s[pos] != '\n') ++pos;
         size_t end = pos;
         if (pos >= s.size()) {
+          if (!eof) return Parsed::NeedMore;
           end_of_record = true;
         } else if (s[pos] == ',') {
           ++pos;
@@ -99,11 +112,14 @@ std::vector<Record> parse_csv(std::string_view s, const std::string& path) {
       }
       r.fields.push_back(std::move(field));
     }
+    pos_io = pos;
+    line_io = line;
     if (r.fields.size() == 1 && r.fields[0].empty()) continue;  // blank line
-    rows.push_back(std::move(r));
+    return Parsed::Record;
   }
-  return rows;
 }
+
+constexpr std::string_view kBom = "\xEF\xBB\xBF";  // spreadsheets like to write one
 
 // The whole of `s` must be the number (std::from_chars is locale-independent, unlike strtod).
 bool parse_double(std::string_view s, double& v) {
@@ -140,6 +156,67 @@ std::string join(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+std::vector<CsvRecord> parse_csv(std::string_view s, const std::string& path) {
+  std::vector<CsvRecord> rows;
+  size_t pos = s.starts_with(kBom) ? kBom.size() : 0;
+  int64_t line = 1;
+  CsvRecord r;
+  while (parse_record(s, pos, line, true, path, r) == Parsed::Record) rows.push_back(std::move(r));
+  return rows;
+}
+
+CsvReader::CsvReader(Source source, std::string path, size_t chunk)
+    : source_(std::move(source)), path_(std::move(path)), chunk_(std::max<size_t>(chunk, 1)) {}
+
+CsvReader CsvReader::open(const std::string& path) {
+  uint64_t size = 0;
+  auto fd = std::make_shared<Fd>(open_regular_file(path, "CSV file " + path + ": ", size));
+  return CsvReader(
+      [fd, path](char* p, size_t n) -> size_t {
+        for (;;) {
+          const ssize_t r = ::read(fd->get(), p, n);
+          if (r < 0 && errno == EINTR) continue;
+          LSTM_REQUIRE(r >= 0, "CSV file " << path << ": read failed: " << std::strerror(errno));
+          return static_cast<size_t>(r);
+        }
+      },
+      path);
+}
+
+bool CsvReader::fill() {
+  if (eof_) return false;
+  buf_.erase(0, pos_);
+  pos_ = 0;
+  // Ask for at least as much as is buffered: a long record is then re-parsed O(log n) times.
+  const size_t want = std::max(chunk_, buf_.size());
+  const size_t old = buf_.size();
+  buf_.resize(old + want);
+  const size_t got = source_(buf_.data() + old, want);
+  buf_.resize(old + std::min(got, want));
+  if (got == 0) eof_ = true;
+  return true;
+}
+
+bool CsvReader::next(CsvRecord& record) {
+  if (!started_) {
+    while (buf_.size() < kBom.size() && fill()) {
+    }
+    if (std::string_view(buf_).starts_with(kBom)) pos_ = kBom.size();
+    started_ = true;
+  }
+  for (;;) {
+    switch (parse_record(buf_, pos_, line_, eof_, path_, record)) {
+      case Parsed::Record:
+        return true;
+      case Parsed::End:
+        return false;
+      case Parsed::NeedMore:
+        fill();
+        break;
+    }
+  }
+}
 
 CsvDataset CsvDataset::load(const std::string& path, const std::string& label_column,
                             const std::string& sequence_column) {
@@ -212,7 +289,7 @@ CsvDataset CsvDataset::load(const std::string& path, const CsvSpec& spec) {
   // A folder or FIFO is refused by name (a folder used to read as "the file is empty").
   const std::string text = read_regular_file(path, "CSV file " + path + ": ", memory_limited_bytes());
 
-  const std::vector<Record> rows = parse_csv(text, path);
+  const std::vector<CsvRecord> rows = parse_csv(text, path);
   LSTM_REQUIRE(!rows.empty(), path << ": the file is empty, expected a header row naming the columns '"
                                    << spec.target_columns[0] << "' and '" << sequence_column << "'");
   std::vector<std::string> header;
@@ -234,7 +311,7 @@ CsvDataset CsvDataset::load(const std::string& path, const CsvSpec& spec) {
   std::vector<std::vector<std::string_view>> steps;
   std::vector<int64_t> lines;
   for (size_t r = 1; r < rows.size(); ++r) {
-    const Record& rec = rows[r];
+    const CsvRecord& rec = rows[r];
     LSTM_REQUIRE(rec.fields.size() == header.size(),
                  path << ":" << rec.line << ": expected " << header.size() << " fields as in the header, got "
                       << rec.fields.size() << " (a field holding commas must be quoted)");
@@ -323,11 +400,156 @@ CsvDataset CsvDataset::load(const std::string& path, const CsvSpec& spec) {
     id.emplace(tok, static_cast<int64_t>(d.token_names_.size()));
     d.token_names_.emplace_back(tok);
   }
+  // The model's id for tokens it never saw (evaluation and prediction on new data); a dataset
+  // that itself holds the token "<unk>" already has it.
+  if (!vocab.count(kUnknownToken)) d.token_names_.emplace_back(kUnknownToken);
   d.features_ = static_cast<int64_t>(d.token_names_.size());
   for (size_t i = 0; i < n; ++i) {
     auto& seq = d.sequences_[i];
     for (const auto& tok : steps[i]) seq.push_back(static_cast<float>(id.at(tok)));
   }
+  return d;
+}
+
+CsvSchema CsvDataset::schema() const { return {class_names_, tokens_, token_names_, tokens_ ? 0 : features_}; }
+
+struct CsvChunkReader::Impl {
+  Impl(CsvReader r, std::string p, CsvSchema s, std::string label, std::string sequence)
+      : reader(std::move(r)), path(std::move(p)), schema(std::move(s)), label_column(std::move(label)),
+        sequence_column(std::move(sequence)) {}
+  CsvReader reader;
+  std::string path;
+  CsvSchema schema;
+  std::string label_column, sequence_column;
+  size_t columns = 0, label_col = std::string::npos, seq_col = 0, id_col = std::string::npos;
+  std::unordered_map<std::string, int64_t> class_id, token_id;
+  int64_t unk = -1;
+  int64_t rows = 0, unknown_tokens = 0;
+  std::vector<double> values;
+};
+
+CsvChunkReader::CsvChunkReader(const std::string& path, CsvSchema schema, const std::string& sequence_column,
+                               const std::string& label_column, const std::string& id_column)
+    : impl_(std::make_unique<Impl>(CsvReader::open(path), path, std::move(schema), label_column, sequence_column)) {
+  Impl& m = *impl_;
+  LSTM_REQUIRE(m.schema.tokens || m.schema.features >= 1,
+               "CsvChunkReader: a numeric schema needs features >= 1, got " << m.schema.features);
+  CsvRecord head;
+  LSTM_REQUIRE(m.reader.next(head), path << ": the file is empty, expected a header row naming the column '"
+                                         << sequence_column << "'" << (label_column.empty() ? "" : " and '" + label_column + "'"));
+  std::vector<std::string> header;
+  for (const auto& f : head.fields) header.emplace_back(trim(f));
+  m.columns = header.size();
+  auto find = [&](const std::string& name) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    return it == header.end() ? std::string::npos : static_cast<size_t>(it - header.begin());
+  };
+  m.seq_col = find(sequence_column);
+  LSTM_REQUIRE(m.seq_col != std::string::npos, path << ":" << head.line << ": no sequence column '" << sequence_column
+                                                     << "' in the header; available columns: " << join(header));
+  if (!label_column.empty()) {
+    m.label_col = find(label_column);
+    LSTM_REQUIRE(m.label_col != std::string::npos, path << ":" << head.line << ": no label column '" << label_column
+                                                         << "' in the header; available columns: " << join(header));
+  }
+  if (!id_column.empty()) m.id_col = find(id_column);
+  for (size_t c = 0; c < m.schema.class_names.size(); ++c)
+    m.class_id.emplace(m.schema.class_names[c], static_cast<int64_t>(c));
+  for (size_t t = 0; t < m.schema.token_names.size(); ++t)
+    m.token_id.emplace(m.schema.token_names[t], static_cast<int64_t>(t));
+  if (auto it = m.token_id.find(kUnknownToken); it != m.token_id.end()) m.unk = it->second;
+}
+
+CsvChunkReader::~CsvChunkReader() = default;
+CsvChunkReader::CsvChunkReader(CsvChunkReader&&) noexcept = default;
+
+bool CsvChunkReader::has_id_column() const { return impl_->id_col != std::string::npos; }
+int64_t CsvChunkReader::unknown_tokens() const { return impl_->unknown_tokens; }
+
+int64_t CsvChunkReader::next(int64_t max_rows, CsvDataset& out, std::vector<std::string>& ids) {
+  LSTM_REQUIRE(max_rows >= 1, "CsvChunkReader::next: max_rows must be >= 1, got " << max_rows);
+  Impl& m = *impl_;
+  out = CsvDataset();
+  out.tokens_ = m.schema.tokens;
+  out.features_ = m.schema.tokens ? static_cast<int64_t>(m.schema.token_names.size()) : m.schema.features;
+  ids.clear();
+  CsvRecord rec;
+  while (out.size() < max_rows && m.reader.next(rec)) {
+    ++m.rows;
+    LSTM_REQUIRE(rec.fields.size() == m.columns,
+                 m.path << ":" << rec.line << ": expected " << m.columns << " fields as in the header, got "
+                        << rec.fields.size() << " (a field holding commas must be quoted)");
+    int64_t label = -100;
+    if (m.label_col != std::string::npos) {
+      const std::string label_text(trim(rec.fields[m.label_col]));
+      LSTM_REQUIRE(!label_text.empty(), m.path << ":" << rec.line << ": empty label in column '" << m.label_column << "'");
+      auto it = m.class_id.find(label_text);
+      LSTM_REQUIRE(it != m.class_id.end(), m.path << ":" << rec.line << ": unknown class '" << printable(label_text)
+                                                  << "' in column '" << m.label_column << "': the model knows "
+                                                  << m.class_id.size() << " classes (" << join(m.schema.class_names)
+                                                  << ")");
+      label = it->second;
+    }
+    const auto steps = split_ws(rec.fields[m.seq_col]);
+    LSTM_REQUIRE(!steps.empty(), m.path << ":" << rec.line << ": empty sequence in column '" << m.sequence_column
+                                        << "', expected at least one step");
+    std::vector<float> seq;
+    if (m.schema.tokens) {
+      seq.reserve(steps.size());
+      for (size_t t = 0; t < steps.size(); ++t) {
+        auto it = m.token_id.find(std::string(steps[t]));
+        if (it == m.token_id.end()) {
+          LSTM_REQUIRE(m.unk >= 0, m.path << ":" << rec.line << ": step " << t + 1 << " of column '"
+                                          << m.sequence_column << "' is the token '" << printable(steps[t])
+                                          << "', which is not in the model's vocabulary; this model reserves no "
+                                          << kUnknownToken << " id for unknown tokens (models trained since it "
+                                          << "does), so it can only read the " << m.token_id.size() << " tokens it was trained on");
+          ++m.unknown_tokens;
+          seq.push_back(static_cast<float>(m.unk));
+        } else {
+          seq.push_back(static_cast<float>(it->second));
+        }
+      }
+    } else {
+      seq.reserve(steps.size() * static_cast<size_t>(m.schema.features));
+      for (size_t t = 0; t < steps.size(); ++t) {
+        LSTM_REQUIRE(parse_step(steps[t], m.values),
+                     m.path << ":" << rec.line << ": step " << t + 1 << " ('" << printable(steps[t]) << "') of column '"
+                            << m.sequence_column << "' is not a number (or numbers joined by '|'); the model reads "
+                            << m.schema.features << " number(s) per step");
+        LSTM_REQUIRE(static_cast<int64_t>(m.values.size()) == m.schema.features,
+                     m.path << ":" << rec.line << ": step " << t + 1 << " ('" << printable(steps[t]) << "') of column '"
+                            << m.sequence_column << "' has " << m.values.size() << " features, the model reads "
+                            << m.schema.features);
+        for (double v : m.values) {
+          const auto f = static_cast<float>(v);
+          LSTM_REQUIRE(std::isfinite(f), m.path << ":" << rec.line << ": step " << t + 1 << " ('" << printable(steps[t])
+                                                << "') of column '" << m.sequence_column
+                                                << "' holds a value that is not a finite float");
+          seq.push_back(f);
+        }
+      }
+    }
+    out.sequences_.push_back(std::move(seq));
+    out.labels_.push_back(label);
+    ids.push_back(m.id_col != std::string::npos ? std::string(trim(rec.fields[m.id_col])) : std::to_string(m.rows));
+  }
+  return out.size();
+}
+
+CsvDataset CsvDataset::load(const std::string& path, const CsvSchema& schema, const std::string& label_column,
+                            const std::string& sequence_column) {
+  LSTM_REQUIRE(!label_column.empty() && label_column != sequence_column,
+               "CsvDataset::load: the label and sequence columns must differ and be named, got '" << label_column
+                                                                                                 << "' and '" << sequence_column << "'");
+  CsvChunkReader reader(path, schema, sequence_column, label_column, "");
+  CsvDataset d;
+  std::vector<std::string> ids;
+  reader.next(std::numeric_limits<int64_t>::max(), d, ids);
+  LSTM_REQUIRE(d.size() > 0, path << ": no data rows after the header");
+  d.class_names_ = schema.class_names;
+  d.token_names_ = schema.token_names;
+  d.unknown_tokens_ = reader.unknown_tokens();
   return d;
 }
 
@@ -416,7 +638,7 @@ TimeSeries TimeSeries::load(const std::string& path, const std::vector<std::stri
                                                                         << " column '" << (*list)[i]
                                                                         << "' is named twice");
   const std::string text = read_regular_file(path, "CSV file " + path + ": ", memory_limited_bytes());
-  const std::vector<Record> rows = parse_csv(text, path);
+  const std::vector<CsvRecord> rows = parse_csv(text, path);
   LSTM_REQUIRE(!rows.empty(), path << ": the file is empty, expected a header row naming the columns");
   std::vector<std::string> header;
   for (const auto& f : rows[0].fields) header.emplace_back(trim(f));
@@ -435,7 +657,7 @@ TimeSeries TimeSeries::load(const std::string& path, const std::vector<std::stri
   ts.input_names_ = in_names;
   ts.target_names_ = targets;
   for (size_t r = 1; r < rows.size(); ++r) {
-    const Record& rec = rows[r];
+    const CsvRecord& rec = rows[r];
     LSTM_REQUIRE(rec.fields.size() == header.size(),
                  path << ":" << rec.line << ": expected " << header.size() << " fields as in the header, got "
                       << rec.fields.size() << " (a field holding commas must be quoted)");

@@ -70,7 +70,10 @@ std::vector<Candidate> expand(const std::vector<std::string>& paths) {
 
 }  // namespace
 
-CharCorpus CharCorpus::load(const std::vector<std::string>& paths, double valid_fraction, int64_t max_bytes) {
+namespace {
+
+// The text of every file named (load()'s rules for folders, links and max_bytes).
+std::string read_texts(const std::vector<std::string>& paths, int64_t max_bytes) {
   LSTM_REQUIRE(!paths.empty(), "CharCorpus::load: no paths given");
   const auto candidates = expand(paths);
 
@@ -125,14 +128,36 @@ CharCorpus CharCorpus::load(const std::vector<std::string>& paths, double valid_
     }
     LSTM_THROW(os.str());
   }
-  return from_text(text, valid_fraction);
+  return text;
+}
+
+}  // namespace
+
+CharCorpus CharCorpus::load(const std::vector<std::string>& paths, double valid_fraction, int64_t max_bytes) {
+  return from_text(read_texts(paths, max_bytes), valid_fraction);
+}
+
+CharCorpus CharCorpus::load_for_eval(const std::vector<std::string>& paths, const Vocab& vocab, int64_t max_bytes) {
+  const std::string text = read_texts(paths, max_bytes);
+  CharCorpus c;
+  c.vocab_ = vocab;
+  try {
+    c.valid_ = vocab.encode(text, &c.unknown_);
+  } catch (const Error& e) {
+    std::string names;
+    for (const auto& p : paths) names += (names.empty() ? "" : ", ") + p;
+    LSTM_THROW(names << ": " << e.what());
+  }
+  LSTM_REQUIRE(c.valid_size() >= 2, "CharCorpus::load_for_eval: the text has " << c.valid_size()
+                                                                               << " characters, at least 2 are needed");
+  return c;
 }
 
 CharCorpus CharCorpus::from_text(const std::string& text, double valid_fraction) {
   LSTM_REQUIRE(valid_fraction > 0.0 && valid_fraction < 1.0,
                "CharCorpus: valid_fraction must be in (0, 1), got " << valid_fraction);
   CharCorpus c;
-  c.vocab_ = Vocab::from_text(text);
+  c.vocab_ = Vocab::from_text(text, /*reserve_unk=*/true);
   std::vector<int64_t> ids = c.vocab_.encode(text);
   const auto n = static_cast<int64_t>(ids.size());
   const auto n_valid = static_cast<int64_t>(std::llround(static_cast<double>(n) * valid_fraction));

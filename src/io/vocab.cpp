@@ -117,7 +117,7 @@ std::string describe(char32_t cp) {
 
 }  // namespace utf8
 
-Vocab Vocab::from_text(const std::string& text) {
+Vocab Vocab::from_text(const std::string& text, bool reserve_unk) {
   // A bitmap over all code points is cheaper than a set for multi-megabyte corpora.
   std::vector<bool> seen(0x110000, false);
   std::string why;
@@ -134,6 +134,7 @@ Vocab Vocab::from_text(const std::string& text) {
     v.index_.emplace(c, static_cast<int64_t>(v.chars_.size()));
     v.chars_.push_back(c);
   }
+  if (reserve_unk) v.unk_ = static_cast<int64_t>(v.chars_.size());
   return v;
 }
 
@@ -147,6 +148,12 @@ Vocab Vocab::from_json(const nlohmann::json& j) {
     LSTM_REQUIRE(e.is_string(), "Vocab::from_json: entry " << i << ": expected a one-character string, got a JSON "
                                                               << e.type_name() << " (" << e.dump() << ")");
     const auto& s = e.get_ref<const std::string&>();
+    if (s == kUnknownToken) {
+      LSTM_REQUIRE(i + 1 == j.size(), "Vocab::from_json: entry " << i << " is \"" << kUnknownToken
+                                                                 << "\", which may only be the last entry");
+      v.unk_ = static_cast<int64_t>(i);
+      break;
+    }
     LSTM_REQUIRE(!s.empty(), "Vocab::from_json: entry " << i << ": expected one character, got an empty string");
     char32_t cp = 0;
     const size_t n = utf8::decode_one(s, 0, cp, &why);
@@ -164,10 +171,11 @@ Vocab Vocab::from_json(const nlohmann::json& j) {
 nlohmann::json Vocab::to_json() const {
   auto j = nlohmann::json::array();
   for (char32_t c : chars_) j.push_back(utf8::encode(c));
+  if (unk_ >= 0) j.push_back(kUnknownToken);
   return j;
 }
 
-std::vector<int64_t> Vocab::encode(const std::string& text) const {
+std::vector<int64_t> Vocab::encode(const std::string& text, int64_t* unknown) const {
   // Direct table for the first plane: the lookups are the hot loop when a corpus is encoded.
   constexpr char32_t kDirect = 0x10000;
   std::vector<int64_t> direct(std::min<size_t>(kDirect, chars_.empty() ? 0 : chars_.back() + 1), -1);
@@ -187,8 +195,14 @@ std::vector<int64_t> Vocab::encode(const std::string& text) const {
     } else if (auto it = index_.find(cp); it != index_.end()) {
       id = it->second;
     }
+    if (id < 0 && unk_ >= 0) {
+      id = unk_;
+      if (unknown) ++*unknown;
+    }
     LSTM_REQUIRE(id >= 0, "Vocab::encode: character " << utf8::describe(cp) << " at byte offset " << pos
-                                                      << " is not in the vocabulary (" << size() << " characters)");
+                                                      << " is not in the vocabulary (" << size() << " characters"
+                                                      << ", no " << kUnknownToken << " id: models trained before it "
+                                                      << "was reserved read only their own characters)");
     ids.push_back(id);
     pos += n;
   }
@@ -201,13 +215,17 @@ std::string Vocab::decode(const std::vector<int64_t>& ids) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     LSTM_REQUIRE(ids[i] >= 0 && ids[i] < size(), "Vocab::decode: id " << ids[i] << " at position " << i
                                                                      << " is out of range [0, " << size() << ")");
-    utf8::append(out, chars_[static_cast<size_t>(ids[i])]);
+    if (ids[i] == unk_)
+      out += kUnknownToken;
+    else
+      utf8::append(out, chars_[static_cast<size_t>(ids[i])]);
   }
   return out;
 }
 
 std::string Vocab::decode_one(int64_t id) const {
   LSTM_REQUIRE(id >= 0 && id < size(), "Vocab::decode_one: id " << id << " is out of range [0, " << size() << ")");
+  if (id == unk_) return kUnknownToken;
   return utf8::encode(chars_[static_cast<size_t>(id)]);
 }
 

@@ -8,12 +8,36 @@
 #include "io/config_reader.hpp"
 #include "lstm/checked.hpp"
 #include "lstm/error.hpp"
+#include "train/trained_model.hpp"
 
 namespace lstm {
 
 namespace {
 
 constexpr const char* kNormKey = "lstm_engine.normalization";
+
+std::string percent(double fraction) {
+  std::ostringstream os;
+  os << 100 * fraction << "%";
+  return os.str();
+}
+
+// Adds the argmax of each counted row of class outputs to the confusion matrix: a vector [B, C]
+// against I64 [B], or a sequence [T, B, C] against I64 [T, B] (-100 not counted). The outputs of
+// a batch of rows are small: the host reads them.
+void add_confusion(const Act& out, const Batch& b, ConfusionMatrix& m) {
+  const Tensor logits = out.data.cpu().to(DType::F32);
+  const int64_t C = logits.size(logits.dim() - 1), rows = logits.numel() / C;
+  const float* l = logits.data<float>();
+  const int64_t* y = b.targets.data<int64_t>();
+  for (int64_t k = 0; k < rows; ++k) {
+    if (y[k] == -100) continue;  // past a length (tags)
+    int64_t best = 0;
+    for (int64_t c = 1; c < C; ++c)
+      if (l[k * C + c] > l[k * C + best]) best = c;
+    m.add(y[k], best);
+  }
+}
 
 std::vector<std::string> strings_of(const nlohmann::json& j) {
   std::vector<std::string> out;
@@ -70,7 +94,23 @@ class CsvTask : public Task {
     if (target != CsvTarget::Values) {
       outputs_ = csv_.num_classes();
       meta_["lstm_engine.classes"] = nlohmann::json(csv_.class_names()).dump();
+      class_names_ = csv_.class_names();
     }
+    description_ = "the held-out " + percent(vf) + " of the rows of " + path;
+  }
+  // Rows read with a trained model's schema (classify): every row is evaluated.
+  CsvTask(CsvDataset csv, const std::string& path) : csv_(std::move(csv)), path_(path) {
+    input_ = {csv_.is_tokens() ? SignalKind::Tokens : SignalKind::Sequence, csv_.features()};
+    outputs_ = csv_.num_classes();
+    class_names_ = csv_.class_names();
+    unknown_ = csv_.unknown_tokens();
+    use_all_rows();
+  }
+  // Every row becomes the evaluated split (`lstm eval --data`).
+  void use_all_rows() {
+    valid_idx_.resize(static_cast<size_t>(csv_.size()));
+    for (int64_t i = 0; i < csv_.size(); ++i) valid_idx_[static_cast<size_t>(i)] = i;
+    description_ = "all of " + path_;
   }
 
   Batch train_batch(int64_t B, int64_t, Rng& rng) const override {
@@ -91,6 +131,11 @@ class CsvTask : public Task {
   std::string steps_from() const override { return "the longest sequence of " + path_; }
   const char* rate_unit() const override {
     return csv_.target() == CsvTarget::Label ? "seq/s" : csv_.target() == CsvTarget::Tags ? "tags/s" : "targets/s";
+  }
+  const char* rate_key() const override {
+    return csv_.target() == CsvTarget::Label ? "samples_per_s"
+           : csv_.target() == CsvTarget::Tags ? "tags_per_s"
+                                              : "targets_per_s";
   }
   std::string describe() const override {
     std::ostringstream os;
@@ -113,7 +158,12 @@ class CsvTask : public Task {
 class ClassifyTask final : public CsvTask {
  public:
   ClassifyTask(const nlohmann::json& cfg, const std::string& path) : CsvTask(cfg, path, CsvTarget::Label) {}
+  ClassifyTask(CsvDataset csv, const std::string& path) : CsvTask(std::move(csv), path) {}
   LossResult loss(const Act& out, const Batch& b) const override { return class_loss(out, b, outputs_); }
+  void add_eval(const Act& out, const Batch& b, const LossResult& lr, EvalSums& sums) const override {
+    Task::add_eval(out, b, lr, sums);
+    add_confusion(out, b, sums.confusion);
+  }
 };
 
 class TagTask final : public CsvTask {
@@ -125,6 +175,10 @@ class TagTask final : public CsvTask {
                                           << ": end the model without a many-to-one head (no last_step, an lstm "
                                              "with \"output\": \"sequence\") and with a dense layer");
     return class_loss(out, b, outputs_);
+  }
+  void add_eval(const Act& out, const Batch& b, const LossResult& lr, EvalSums& sums) const override {
+    Task::add_eval(out, b, lr, sums);
+    add_confusion(out, b, sums.confusion);
   }
 };
 
@@ -262,6 +316,9 @@ class ForecastTask final : public Task {
     train_starts_ = n_train - T_ - H_ + 1;
     // Validation windows predict held-out steps only; their inputs may reach back into training.
     valid_starts_ = n_valid_ >= H_ ? n_valid_ - H_ + 1 : 0;
+    valid_first_ = n - n_valid_ - T_;  // the window predicting the first held-out step
+    description_ = "the windows predicting the held-out last " + percent(vf) + " of the series " + path;
+    path_ = path;
     std::vector<float> in(series_.input_row(0), series_.input_row(0) + n_train * series_.num_inputs());
     std::vector<float> tg(series_.target_row(0), series_.target_row(0) + n_train * series_.num_targets());
     reg_.inputs = Normalization::fit(series_.input_names(), in);
@@ -281,12 +338,18 @@ class ForecastTask final : public Task {
   }
   int64_t valid_batches(int64_t B, int64_t) const override { return (valid_starts_ + B - 1) / B; }
   Batch valid_batch(int64_t B, int64_t, int64_t i) const override {
-    const int64_t first = series_.steps() - n_valid_ - T_;  // the window predicting the first held-out step
     std::vector<int64_t> starts;
-    for (int64_t k = i * B; k < std::min((i + 1) * B, valid_starts_); ++k) starts.push_back(first + k);
+    for (int64_t k = i * B; k < std::min((i + 1) * B, valid_starts_); ++k) starts.push_back(valid_first_ + k);
     return prepare(series_.windows(starts, T_, H_));
   }
   LossResult loss(const Act& out, const Batch& b) const override { return reg_.loss(out, b, "forecast"); }
+  const char* rate_key() const override { return "targets_per_s"; }
+  // Every window of the series becomes the evaluated split (`lstm eval --data`).
+  void use_all_windows() {
+    valid_first_ = 0;
+    valid_starts_ = series_.steps() - T_ - H_ + 1;
+    description_ = "every window of the series " + path_;
+  }
   void add_eval(const Act& out, const Batch& b, const LossResult& lr, EvalSums& sums) const override {
     Task::add_eval(out, b, lr, sums);
     reg_.add_eval(out, b, sums);
@@ -314,7 +377,8 @@ class ForecastTask final : public Task {
   }
   TimeSeries series_;
   RegressionPart reg_;
-  int64_t T_ = 0, H_ = 0, n_valid_ = 0, train_starts_ = 0, valid_starts_ = 0;
+  std::string path_;
+  int64_t T_ = 0, H_ = 0, n_valid_ = 0, train_starts_ = 0, valid_starts_ = 0, valid_first_ = 0;
 };
 
 class CharLmTask final : public Task {
@@ -324,6 +388,14 @@ class CharLmTask final : public Task {
     input_ = {SignalKind::Tokens, corpus_.vocab().size()};
     outputs_ = corpus_.vocab().size();
     meta_["lstm_engine.vocab"] = corpus_.vocab().to_json().dump();
+    description_ = "the held-out last " + percent(cfg["data"]["valid_fraction"].get<double>()) + " of the text of " + path;
+  }
+  // All of a text read with a trained model's vocabulary (`lstm eval --data`).
+  CharLmTask(CharCorpus corpus, const std::string& path) : corpus_(std::move(corpus)) {
+    input_ = {SignalKind::Tokens, corpus_.vocab().size()};
+    outputs_ = corpus_.vocab().size();
+    unknown_ = corpus_.unknown_chars();
+    description_ = "all of " + path;
   }
   Batch train_batch(int64_t B, int64_t T, Rng& rng) const override { return corpus_.train_batch(B, T, rng); }
   int64_t valid_batches(int64_t B, int64_t T) const override { return corpus_.valid_batches(B, T); }
@@ -336,6 +408,7 @@ class CharLmTask final : public Task {
     return os.str();
   }
   const char* rate_unit() const override { return "tok/s"; }
+  const char* rate_key() const override { return "tokens_per_s"; }
   const CharCorpus* corpus() const override { return &corpus_; }
 
  private:
@@ -350,10 +423,25 @@ void Task::add_eval(const Act&, const Batch&, const LossResult& lr, EvalSums& su
   sums.correct += lr.correct;
 }
 
+EvalSums Task::start_eval() const {
+  EvalSums s;
+  if (!class_names_.empty()) s.confusion = ConfusionMatrix(static_cast<int64_t>(class_names_.size()));
+  return s;
+}
+
 EvalResult Task::eval_result(const EvalSums& s) const {
   EvalResult r;
+  r.task = name_;
+  r.data = description_;
+  r.unknown = unknown_;
   r.count = s.count;
   r.regression = regression();
+  if (!class_names_.empty()) {
+    r.class_names = class_names_;
+    r.confusion = s.confusion;
+    r.per_class = class_metrics(r.confusion, r.class_names);
+    for (const auto& c : r.per_class) r.macro_f1 += c.f1 / static_cast<double>(r.per_class.size());
+  }
   if (s.count == 0) return r;
   const auto n = static_cast<double>(s.count);
   r.loss = s.loss_sum / n;
@@ -373,9 +461,11 @@ void Task::adopt_model_metadata(const std::map<std::string, std::string>& meta, 
     auto a = meta.find(key);
     auto b = meta_.find(key);
     if (a != meta.end() && b != meta_.end())
-      LSTM_REQUIRE(a->second == b->second, "the data's " << std::string(key).substr(12)
-                                                         << " differ from the model's: evaluate on data with the same "
-                                                         << std::string(key).substr(12));
+      LSTM_REQUIRE(a->second == b->second, "the data " << meta_.at("lstm_engine.data") << " does not match the model "
+                                                       << file << " (its " << std::string(key).substr(12)
+                                                       << " differ from the model's; for the training data: it changed "
+                                                          "since the model was trained, so its held-out split is not "
+                                                          "the one training used)");
   }
 }
 
@@ -400,6 +490,30 @@ std::unique_ptr<Task> make_task(const nlohmann::json& cfg, const std::string& pa
                                                                                                            << "\"");
   t->name_ = task;
   t->meta_["lstm_engine.task"] = task;
+  t->meta_["lstm_engine.data"] = path;
+  return t;
+}
+
+std::unique_ptr<Task> make_eval_task(const TrainedModel& m, const std::string& path) {
+  std::unique_ptr<Task> t;
+  if (m.task == "charlm") {
+    t = std::make_unique<CharLmTask>(CharCorpus::load_for_eval({path}, stored_vocab(m)), path);
+  } else if (m.task == "classify") {
+    t = std::make_unique<ClassifyTask>(CsvDataset::load(path, stored_csv_schema(m),
+                                                        m.config["data"]["label_column"].get<std::string>(),
+                                                        m.config["data"]["sequence_column"].get<std::string>()),
+                                       path);
+  } else {
+    // regress, tag, forecast: read as training reads, checked against and normalised with the
+    // model's vocabulary, classes and statistics; then all of it is evaluated.
+    t = make_task(m.config, path);
+    t->adopt_model_metadata(m.meta, m.path);
+    if (auto* c = dynamic_cast<CsvTask*>(t.get())) c->use_all_rows();
+    if (auto* f = dynamic_cast<ForecastTask*>(t.get())) f->use_all_windows();
+    return t;
+  }
+  t->name_ = m.task;
+  t->meta_["lstm_engine.task"] = m.task;
   t->meta_["lstm_engine.data"] = path;
   return t;
 }

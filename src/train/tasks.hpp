@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lstm/data.hpp"
+#include "lstm/metrics.hpp"
 #include "lstm/layers.hpp"
 #include "lstm/loss.hpp"
 #include "lstm/train.hpp"
@@ -31,7 +32,10 @@ struct EvalSums {
   double loss_sum = 0;  // each batch's mean loss times its count
   int64_t count = 0, correct = 0;
   double sq_err = 0, abs_err = 0;  // regression: in the targets' original units, over `count` values
+  ConfusionMatrix confusion;       // classify, tag: [target][predicted]
 };
+
+struct TrainedModel;
 
 class Task {
  public:
@@ -53,9 +57,13 @@ class Task {
   // The loss of a batch from the model's output; the gradient comes back in the output's shape.
   // Throws when the output's shape does not fit the task (naming both).
   virtual LossResult loss(const Act& out, const Batch& b) const = 0;
-  // Adds a batch to the evaluation sums (`lr` is loss(out, b), resolved).
+  // Empty sums for an evaluation; add_eval adds a batch to them (`lr` is loss(out, b),
+  // resolved); eval_result makes the EvalResult (task, what was scored, metrics).
+  EvalSums start_eval() const;
   virtual void add_eval(const Act& out, const Batch& b, const LossResult& lr, EvalSums& sums) const;
   EvalResult eval_result(const EvalSums& sums) const;
+  // What valid_batch() covers, in words ("the held-out 10% of the rows of data.csv").
+  const std::string& description() const { return description_; }
 
   // The padded length of a batch at most (for the memory estimate), given the window T of a
   // language model, and where that length comes from (for the error).
@@ -66,6 +74,9 @@ class Task {
   // The progress line's rate, of LossResult::count per second: "tok/s" (charlm), "seq/s"
   // (classify), "tags/s" (tag), "targets/s" (regress, forecast: values predicted).
   virtual const char* rate_unit() const { return "seq/s"; }
+  // The same rate's key in metrics.jsonl: "tokens_per_s", "samples_per_s", "tags_per_s",
+  // "targets_per_s".
+  virtual const char* rate_key() const { return "samples_per_s"; }
   // A model evaluated on this data: its vocabulary, classes and tokens must equal the data's, and
   // its stored normalisation replaces the one fitted on this data. Errors name `file`.
   virtual void adopt_model_metadata(const std::map<std::string, std::string>& meta, const std::string& file);
@@ -74,15 +85,24 @@ class Task {
 
  protected:
   friend std::unique_ptr<Task> make_task(const nlohmann::json& cfg, const std::string& path_override);
+  friend std::unique_ptr<Task> make_eval_task(const TrainedModel& m, const std::string& path);
   std::string name_;
   Signal input_;
   int64_t outputs_ = 0;
   std::map<std::string, std::string> meta_;
+  std::string description_;
+  int64_t unknown_ = 0;                  // inputs read as the model's <unk> (evaluation on other data)
+  std::vector<std::string> class_names_;  // classify, tag: the confusion matrix's classes
 };
 
 // Loads the data of cfg's task (cfg resolved by resolve_train_config); `path_override` replaces
 // data.path. Errors name the file or the configuration field.
 std::unique_ptr<Task> make_task(const nlohmann::json& cfg, const std::string& path_override = "");
+
+// The data `lstm eval --data FILE` scores with a trained model: all of the file (every row, every
+// window of the text or of the series), read with the model's vocabulary, classes and
+// normalisation. Errors name the file.
+std::unique_ptr<Task> make_eval_task(const TrainedModel& m, const std::string& path);
 
 // The model of cfg for the task: an Embedding first for token input, the last dense layer
 // without out_features sized to the task's outputs.

@@ -27,6 +27,8 @@
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
 #include "train/tasks.hpp"
+#include "train/trained_model.hpp"
+#include "train/watch.hpp"
 #if LSTM_HAVE_CUDA
 #include "cuda/misc.hpp"
 #endif
@@ -46,9 +48,11 @@ nlohmann::json default_train_config() {
     "train": {"steps": 1000, "batch_size": 32, "seq_len": 64, "seed": 1, "threads": 0,
               "optimizer": {"type": "adam"},
               "schedule": {"type": "cosine", "lr": 0.003, "warmup_steps": 50, "total_steps": 0, "min_lr": 0.0003},
-              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 250, "eval_batches": 20,
+              "clip_grad_norm": 1.0, "log_every": 10, "eval_every": 250, "eval_batches": 0,
               "checkpoint_every": 250, "keep_checkpoints": 3, "sample_length": 300,
-              "sample_temperature": 0.8, "loss": "auto", "huber_delta": 1.0}
+              "sample_temperature": 0.8,
+              "early_stopping": {"metric": "valid_loss", "patience": 0, "min_delta": 0.0},
+              "final_model": "best", "loss": "auto", "huber_delta": 1.0}
   })");
 }
 
@@ -69,17 +73,12 @@ void merge(nlohmann::json& base, const nlohmann::json& over, const std::string& 
   }
 }
 
-// Feature inputs go to the model's device; token ids stay on the host (the embedding copies
-// them after checking their range).
-Act to_act(const Batch& b, Device device = Device::CPU) {
-  if (device != Device::CPU && is_floating(b.inputs.dtype())) return {b.inputs.to_device(device), b.lengths};
-  return {b.inputs, b.lengths};
-}
-
+// The validation loss (train.hpp's EvalResult says what it covers). max_batches > 0 stops early:
+// training's periodic estimate.
 EvalResult run_eval(Model& model, const Task& d, int64_t B, int64_t T, int64_t max_batches) {
+  EvalSums sums = d.start_eval();
   int64_t n = d.valid_batches(B, T);
   if (max_batches > 0) n = std::min(n, max_batches);
-  EvalSums sums;
   Rng unused(0);
   for (int64_t i = 0; i < n; ++i) {
     Batch b = d.valid_batch(B, T, i);
@@ -105,7 +104,13 @@ std::string sample_text(Model& model, const Vocab& vocab, const std::string& pri
     const int64_t T = y.data.size(0), C = y.data.size(2);
     // Only the last step's logits come to the host.
     std::vector<double> p = softmax_row(y.data.reshape({T, C}).slice0(T - 1, T).cpu(), 0, temperature);
-    double u = rng.uniform(), acc = 0;
+    // The unknown id stands for no character: it is never sampled.
+    double total = 1;
+    if (const int64_t unk = vocab.unk_id(); unk >= 0 && unk < C) {
+      total -= p[static_cast<size_t>(unk)];
+      p[static_cast<size_t>(unk)] = 0;
+    }
+    double u = rng.uniform() * total, acc = 0;
     int64_t next = C - 1;
     for (int64_t c = 0; c < C; ++c) {
       acc += p[c];
@@ -153,12 +158,16 @@ void restore_rng(Rng& r, const std::map<std::string, Tensor>& m, const std::stri
   r.set_state(s);
 }
 
+// The best model by the validation metric; outside checkpoints/, so rotation never removes it.
+const fs::path kBestModel = fs::path("best") / "model.safetensors";
+
 // Writes checkpoints/step-N/ as a whole: both files go into a temporary folder that is renamed
 // into place, then `latest` is replaced atomically. A crash at any point leaves the previous
 // checkpoint and `latest` intact.
 std::string save_checkpoint(const fs::path& out_dir, int64_t step, const Model& model,
                             const std::map<std::string, std::string>& model_meta, const Optimizer& opt,
-                            const Rng& data_rng, const Rng& model_rng, const nlohmann::json& cfg, int64_t keep) {
+                            const Rng& data_rng, const Rng& model_rng, const nlohmann::json& cfg, int64_t keep,
+                            const nlohmann::json& progress) {
   fs::path ck = out_dir / "checkpoints";
   fs::path final_dir = ck / step_dir_name(step);
   fs::path tmp = ck / (".tmp-" + step_dir_name(step) + "-" + std::to_string(::getpid()));
@@ -173,7 +182,17 @@ std::string save_checkpoint(const fs::path& out_dir, int64_t step, const Model& 
     prefixed["rng.data"] = rng_tensor(data_rng);
     prefixed["rng.model"] = rng_tensor(model_rng);
     write_safetensors((tmp / "trainer.safetensors").string(), prefixed,
-                      {{"step", std::to_string(step)}, {"config", cfg.dump()}, {"optimizer", opt.to_json().dump()}});
+                      {{"step", std::to_string(step)}, {"config", cfg.dump()}, {"optimizer", opt.to_json().dump()},
+                       {"progress", progress.dump()}});
+    // The best model as of this step, so that a resume here gets it back even after the run went
+    // on to write a later best. A hard link costs no space: best/model.safetensors is replaced by
+    // rename, never rewritten in place, so the link keeps this version.
+    const fs::path best = out_dir / kBestModel;
+    if (fs::exists(best)) {
+      std::error_code ec;
+      fs::create_hard_link(best, tmp / "best.safetensors", ec);
+      if (ec) fs::copy_file(best, tmp / "best.safetensors");
+    }
     fsync_dir(tmp);
     fs::remove_all(final_dir);
     fs::rename(tmp, final_dir);
@@ -214,6 +233,7 @@ std::string previous_run(const fs::path& out_dir) {
     for (auto& e : fs::directory_iterator(ck, ec))
       if (e.path().filename().string().rfind("step-", 0) == 0) return "checkpoints (" + e.path().string() + ")";
   if (fs::exists(out_dir / "model.safetensors", ec)) return "a trained model (" + (out_dir / "model.safetensors").string() + ")";
+  if (fs::exists(out_dir / kBestModel, ec)) return "a best model (" + (out_dir / kBestModel).string() + ")";
   return "";
 }
 
@@ -227,6 +247,7 @@ void remove_previous_run(const fs::path& out_dir) {
     fs::create_directories(trash);
     if (fs::exists(out_dir / "checkpoints")) fs::rename(out_dir / "checkpoints", trash / "checkpoints");
     if (fs::exists(out_dir / "model.safetensors")) fs::rename(out_dir / "model.safetensors", trash / "model.safetensors");
+    if (fs::exists(out_dir / "best")) fs::rename(out_dir / "best", trash / "best");
     fsync_dir(out_dir);
     for (auto& e : fs::directory_iterator(out_dir))
       if (e.path().filename().string().rfind(".overwritten-", 0) == 0) fs::remove_all(e.path());
@@ -457,6 +478,25 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
   LSTM_REQUIRE(t["sample_temperature"].is_number() && t["sample_temperature"].get<double>() > 0,
                name("train.sample_temperature") << " must be a number > 0, got "
                                                 << json_excerpt(t["sample_temperature"]));
+  {
+    auto& es = t["early_stopping"];
+    LSTM_REQUIRE(es.is_object(), name("train.early_stopping") << " must be an object {\"metric\", \"patience\", "
+                                                                 "\"min_delta\"}, got " << json_excerpt(es));
+    const std::string metric = read_string(es["metric"], name("train.early_stopping.metric"));
+    LSTM_REQUIRE(metric == "valid_loss" || metric == "valid_accuracy",
+                 name("train.early_stopping.metric") << " must be \"valid_loss\" or \"valid_accuracy\", got "
+                                                     << json_excerpt(es["metric"]));
+    LSTM_REQUIRE(!regression || metric == "valid_loss",
+                 name("train.early_stopping.metric") << " of task \"" << task
+                                                     << "\" must be \"valid_loss\" (it has no accuracy), got \""
+                                                     << metric << "\"");
+    es["patience"] = read_int(es["patience"], name("train.early_stopping.patience") + " (evaluations, 0 = off)", 0,
+                              kMaxSteps);
+    es["min_delta"] = read_number(es["min_delta"], name("train.early_stopping.min_delta"), 0.0, HUGE_VAL);
+    const std::string fm = read_string(t["final_model"], name("train.final_model"));
+    LSTM_REQUIRE(fm == "best" || fm == "last",
+                 name("train.final_model") << " must be \"best\" or \"last\", got " << json_excerpt(t["final_model"]));
+  }
   auto& sch = t["schedule"];
   const bool user_schedule = user.contains("train") && user["train"].is_object() && user["train"].contains("schedule");
   if (field_is(sch, "type", "cosine")) {
@@ -512,7 +552,7 @@ TrainResult train(const TrainOptions& opts) {
   if (tc["threads"].get<int>() > 0) set_num_threads(tc["threads"].get<int>());
   const int64_t steps = tc["steps"], B = tc["batch_size"], T = tc["seq_len"];
   const int64_t log_every = std::max<int64_t>(1, tc["log_every"].get<int64_t>());
-  const int64_t eval_every = tc["eval_every"], ckpt_every = tc["checkpoint_every"];
+  const int64_t eval_every = tc["eval_every"], ckpt_every = tc["checkpoint_every"], eval_batches = tc["eval_batches"];
   const double clip = tc["clip_grad_norm"];
 
   const std::unique_ptr<Task> task = make_task(cfg);
@@ -573,12 +613,95 @@ TrainResult train(const TrainOptions& opts) {
   res.regression = data.regression();
   auto params = model.parameters();
   const bool tty = ::isatty(::fileno(stderr)) && opts.log == nullptr;
-  auto t_start = std::chrono::steady_clock::now();
-  const int64_t first_step = step;
-  double win_loss = 0;
-  int64_t win_n = 0, tokens = 0;
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const auto t_start = Clock::now();
+  // Progress a checkpoint carries besides the optimizer and RNGs: the time trained so far (so
+  // elapsed_s continues), the partial log window (so the resumed log line averages the same
+  // steps) and the best-model state (so early stopping and best/ continue as uninterrupted).
+  double elapsed_before = 0;
+  double win_loss = 0, win_norm = 0;
+  int64_t win_n = 0, win_targets = 0;
+  double win_seconds = 0;
+  BestTracker best;
+  {
+    const auto& es = tc["early_stopping"];
+    best.metric = es["metric"].get<std::string>();
+    best.patience = es["patience"].get<int64_t>();
+    best.min_delta = es["min_delta"].get<double>();
+  }
+  const bool final_best = tc["final_model"].get<std::string>() == "best";
+  const fs::path best_path = out_dir / kBestModel;
+  MetricsLog metrics;
+  if (opts.resume) {
+    const std::string tf = (resume_dir / "trainer.safetensors").string();
+    if (auto it = trainer_file.metadata.find("progress"); it != trainer_file.metadata.end()) {
+      const nlohmann::json pr = parse_json(it->second, tf + ": metadata \"progress\"");
+      LSTM_REQUIRE(pr.is_object(), tf << ": metadata \"progress\" must be an object, got " << json_excerpt(pr));
+      const std::string pre = tf + ": metadata \"progress\" ";
+      elapsed_before = read_number(pr.value("elapsed_s", nlohmann::json(0)), pre + "'elapsed_s'", 0, HUGE_VAL);
+      const nlohmann::json w = pr.value("window", nlohmann::json::object());
+      LSTM_REQUIRE(w.is_object(), pre << "'window' must be an object, got " << json_excerpt(w));
+      win_loss = read_number(w.value("loss", nlohmann::json(0)), pre + "'window.loss'", -HUGE_VAL, HUGE_VAL);
+      win_norm = read_number(w.value("grad_norm", nlohmann::json(0)), pre + "'window.grad_norm'", 0, HUGE_VAL);
+      win_n = read_int(w.value("steps", nlohmann::json(0)), pre + "'window.steps'", 0, step);
+      if (pr.contains("best")) best.load_state(pr["best"], tf);
+    }
+    // best/ as of the checkpoint: a later best the interrupted run wrote is not this run's (yet).
+    const fs::path ck_best = resume_dir / "best.safetensors";
+    if (fs::exists(ck_best)) {
+      fs::create_directories(best_path.parent_path());
+      write_file_atomic(best_path.string(), read_regular_file(ck_best.string(), ck_best.string() + ": ",
+                                                              memory_limited_bytes()));
+    } else if (!best.has_best) {
+      fs::remove(best_path);
+    }
+    LSTM_REQUIRE(!best.has_best || fs::exists(best_path),
+                 tf << ": the best model (step " << best.best_step << ") is missing: neither " << ck_best.string()
+                    << " nor " << best_path.string() << " exists");
+    const int64_t dropped = metrics.resume((out_dir / "metrics.jsonl").string(), step);
+    if (dropped > 0)
+      log << "metrics.jsonl: dropped " << dropped << " line(s) written after step " << step << " (or cut short)\n";
+  } else {
+    metrics.start((out_dir / "metrics.jsonl").string());
+  }
+  EtaEstimator eta;
+  auto span_start = Clock::now();
+  int64_t span_first = step;
   std::string last_good;
   if (opts.resume) last_good = resume_dir.string();
+  auto model_meta = [&](int64_t at) {
+    std::map<std::string, std::string> m = meta;
+    m["lstm_engine.step"] = std::to_string(at);
+    return m;
+  };
+  auto progress = [&] {
+    return nlohmann::json{{"elapsed_s", elapsed_before + seconds_since(t_start)},
+                          {"window", {{"loss", win_loss}, {"grad_norm", win_norm}, {"steps", win_n}}},
+                          {"best", best.state()}};
+  };
+  // model.safetensors: the best model by the validation metric (train.final_model "best", when
+  // an evaluation has found one) or the weights of the last step. Returns which it wrote.
+  auto save_final = [&](int64_t at) {
+    if (final_best && best.has_best) {
+      SafetensorsFile b = read_safetensors(best_path.string());
+      b.metadata["lstm_engine.final_model"] = "best";
+      write_safetensors((out_dir / "model.safetensors").string(), b.tensors, b.metadata);
+      res.final_model = "best";
+      res.final_model_step = best.best_step;
+    } else {
+      auto m = model_meta(at);
+      m["lstm_engine.final_model"] = "last";
+      save_model((out_dir / "model.safetensors").string(), model, m);
+      res.final_model = "last";
+      res.final_model_step = at;
+    }
+  };
+  auto fill_best = [&] {
+    res.best_metric = best.metric;
+    res.best_step = best.has_best ? best.best_step : -1;
+    res.best_value = best.best;
+  };
 
   // Steps whose loss and gradient norm the host has not looked at yet (GPU: read lazily).
   struct Pending {
@@ -608,19 +731,24 @@ TrainResult train(const TrainOptions& opts) {
           log << "No checkpoint was written yet.\n";
         else
           log << "The last good checkpoint is " << last_good << ".\n";
+        metrics.append({{"kind", "non_finite"}, {"step", p.step}, {"loss", p.loss.loss}, {"grad_norm", gnorm},
+                        {"elapsed_s", elapsed_before + seconds_since(t_start)}});
         res.last_checkpoint = last_good;
         res.step = p.step - 1;
+        fill_best();
         pending.clear();
         return false;
       }
       win_loss += p.loss.loss;
+      win_norm += gnorm;
       ++win_n;
-      tokens += p.loss.count;
+      win_targets += p.loss.count;
     }
     pending.clear();
     return true;
   };
 
+  bool stopped_early = false;
   while (step < steps) {
     Batch b = data.train_batch(B, T, data_rng);
     model.zero_grad();
@@ -653,65 +781,156 @@ TrainResult train(const TrainOptions& opts) {
     const bool last = step == steps;
     const bool log_now = step % log_every == 0 || last;
     const bool eval_now = !stop_req && ((eval_every > 0 && step % eval_every == 0) || last);
-    const bool ckpt_now = (ckpt_every > 0 && step % ckpt_every == 0) || last || stop_req;
-    if ((log_now || eval_now || ckpt_now) && !flush()) return res;
+    bool ckpt_now = (ckpt_every > 0 && step % ckpt_every == 0) || last || stop_req;
+    if (!(log_now || eval_now || ckpt_now)) continue;
+    if (!flush()) return res;
+    {
+      // The steps since the last measurement, without evaluations or checkpoints (GPU: the flush
+      // waited for them, so this is their real time).
+      const double span = seconds_since(span_start);
+      eta.add_steps(step - span_first, span);
+      win_seconds += span;
+    }
     if (log_now && win_n > 0) {
-      double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      double rate = el > 0 ? static_cast<double>(tokens) / el : 0;
-      double eta = step > first_step ? el / static_cast<double>(step - first_step) * static_cast<double>(steps - step) : 0;
+      const double rate = win_seconds > 0 ? static_cast<double>(win_targets) / win_seconds : 0;
+      const double left = eta.eta(steps - step, pause_points(step, steps, eval_every, ckpt_every));
       res.train_loss = win_loss / static_cast<double>(win_n);
+      const double lr_now = sched->lr(step - 1);
       const int width = 24;
       int filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(step) / static_cast<double>(steps));
       std::ostringstream line;
       line << "step " << step << "/" << steps << " [" << std::string(static_cast<size_t>(filled), '=')
            << std::string(static_cast<size_t>(width - filled), ' ') << "] loss " << std::fixed << std::setprecision(4)
-           << res.train_loss << " | lr " << std::setprecision(2) << std::scientific << sched->lr(step - 1)
+           << res.train_loss << " | lr " << std::setprecision(2) << std::scientific << lr_now
            << std::defaultfloat << " | " << fmt_rate(rate) << " " << data.rate_unit() << " | ETA "
-           << fmt_duration(eta);
+           << fmt_duration(left);
       if (tty)
         log << "\r" << line.str() << "   " << std::flush;
       else
         log << line.str() << "\n";
-      win_loss = 0;
-      win_n = 0;
+      metrics.append({{"kind", "train"},
+                      {"step", step},
+                      {"loss", res.train_loss},
+                      {"lr", lr_now},
+                      {"grad_norm", win_norm / static_cast<double>(win_n)},
+                      {data.rate_key(), rate},
+                      {"elapsed_s", elapsed_before + seconds_since(t_start)},
+                      {"eta_s", std::isfinite(left) ? nlohmann::json(left) : nlohmann::json()}});
+      win_loss = win_norm = win_seconds = 0;
+      win_n = win_targets = 0;
     }
+    const auto pause_start = Clock::now();
     if (eval_now) {
-      EvalResult er = run_eval(model, data, B, T, tc["eval_batches"]);
+      // The final evaluation covers every held-out batch (the number the run reports, equal to
+      // `lstm eval`'s); the periodic ones may stop at eval_batches as an estimate.
+      const int64_t max_batches = last ? 0 : eval_batches;
+      const bool partial = max_batches > 0 && data.valid_batches(B, T) > max_batches;
+      EvalResult er = run_eval(model, data, B, T, max_batches);
       res.valid_loss = er.loss;
       res.valid_accuracy = er.accuracy;
       res.valid_mse = er.mse;
       res.valid_mae = er.mae;
       res.valid_rmse = er.rmse;
-      if (er.count == 0 && data.corpus())
-        log << (tty ? "\n" : "") << "eval at step " << step << ": skipped, the held-out split has no complete window of "
-            << T << " steps\n";
-      else if (er.count == 0)
-        log << (tty ? "\n" : "") << "eval at step " << step << ": skipped, nothing is held out (data.valid_fraction)\n";
-      else if (er.regression)
-        // The loss is what training minimises (normalised targets); the metrics are in the data's units.
-        log << (tty ? "\n" : "") << "eval at step " << step << ": loss " << std::setprecision(4) << er.loss << " ("
-            << tc["loss"].get<std::string>() << ", normalised); MSE " << er.mse << ", MAE " << er.mae << ", RMSE "
-            << er.rmse << " (original units) over " << er.count << " targets" << std::defaultfloat << "\n";
-      else
-        log << (tty ? "\n" : "") << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << er.loss
-            << ", accuracy " << std::setprecision(2) << 100 * er.accuracy << "% over " << er.count << " targets"
-            << std::defaultfloat << "\n";
+      if (er.count == 0) {
+        if (data.corpus())
+          log << (tty ? "\n" : "") << "eval at step " << step
+              << ": skipped, the held-out split has no complete window of " << T << " steps\n";
+        else
+          log << (tty ? "\n" : "") << "eval at step " << step << ": skipped, nothing is held out (data.valid_fraction)\n";
+      } else {
+        // The best model is chosen among numbers of one definition: with train.eval_batches set,
+        // the periodic evaluations are estimates over the first eval_batches batches, so the final
+        // one (over all of them, the number reported) is compared by the same estimate.
+        const EvalResult tracked = last && eval_batches > 0 && data.valid_batches(B, T) > eval_batches
+                                       ? run_eval(model, data, B, T, eval_batches)
+                                       : er;
+        const bool improved = best.update(step, best.metric == "valid_loss" ? tracked.loss : tracked.accuracy);
+        if (improved) {
+          auto m = model_meta(step);
+          m["lstm_engine.valid_loss"] = nlohmann::json(er.loss).dump();
+          m["lstm_engine.valid_accuracy"] = nlohmann::json(er.accuracy).dump();
+          if (er.regression) {
+            m["lstm_engine.valid_mse"] = nlohmann::json(er.mse).dump();
+            m["lstm_engine.valid_mae"] = nlohmann::json(er.mae).dump();
+          }
+          try {
+            fs::create_directories(best_path.parent_path());
+            save_model(best_path.string(), model, m);
+          } catch (const std::exception& e) {
+            LSTM_THROW("best model " << best_path.string() << " could not be written (the previous one is intact): "
+                                     << e.what());
+          }
+        }
+        log << (tty ? "\n" : "") << "eval at step " << step << ": loss ";
+        if (er.regression)
+          // The loss is what training minimises (normalised targets); the errors are in the data's units.
+          log << std::setprecision(4) << er.loss << " (" << tc["loss"].get<std::string>() << ", normalised); MSE "
+              << er.mse << ", MAE " << er.mae << ", RMSE " << er.rmse << " (original units) over " << er.count
+              << " targets";
+        else
+          log << std::fixed << std::setprecision(4) << er.loss << ", accuracy " << std::setprecision(2)
+              << 100 * er.accuracy << "% over " << er.count << " targets";
+        log << std::defaultfloat
+            << (partial ? " (estimate: the first " + std::to_string(max_batches) + " held-out batches)"
+                        : std::string(" (all held-out)"))
+            << (improved ? " (best so far)" : "") << "\n";
+        nlohmann::json rec = {{"kind", "eval"},
+                              {"step", step},
+                              {"valid_loss", er.loss},
+                              {"valid_accuracy", er.accuracy},
+                              {"valid_targets", er.count},
+                              {"best", improved},
+                              {"best_step", best.best_step},
+                              {"elapsed_s", elapsed_before + seconds_since(t_start)}};
+        if (er.regression) {
+          rec.erase("valid_accuracy");
+          rec["valid_mse"] = er.mse;
+          rec["valid_mae"] = er.mae;
+          rec["valid_rmse"] = er.rmse;
+        }
+        metrics.append(rec);
+        if (best.should_stop() && !last) {
+          stopped_early = true;
+          ckpt_now = true;
+          std::ostringstream msg;
+          msg << "early stopping at step " << step << ": " << best.metric << " has not improved by more than "
+              << best.min_delta << " for " << best.bad_evals << " evaluation(s); best " << std::fixed
+              << std::setprecision(4) << best.best << std::defaultfloat << " at step " << best.best_step;
+          log << msg.str() << "\n";
+          metrics.append({{"kind", "early_stop"},
+                          {"step", step},
+                          {"metric", best.metric},
+                          {"best", best.best},
+                          {"best_step", best.best_step},
+                          {"elapsed_s", elapsed_before + seconds_since(t_start)}});
+        }
+      }
     }
     if (ckpt_now) {
-      last_good = save_checkpoint(out_dir, step, model, meta, *opt, data_rng, model_rng, cfg, tc["keep_checkpoints"]);
+      last_good = save_checkpoint(out_dir, step, model, model_meta(step), *opt, data_rng, model_rng, cfg,
+                                  tc["keep_checkpoints"], progress());
       res.last_checkpoint = last_good;
     }
+    if (eval_now || ckpt_now) eta.add_pause(seconds_since(pause_start));
+    span_start = Clock::now();
+    span_first = step;
     if (stop_req) {
-      if (last) save_model((out_dir / "model.safetensors").string(), model, meta);
+      if (last) save_final(step);
       log << (tty ? "\n" : "") << "stopped on request after step " << step << "; checkpoint " << last_good << "\n";
       res.step = step;
       res.stopped_by = stop_req;
+      fill_best();
       return res;
     }
+    if (stopped_early) break;
   }
   res.step = step;
-  save_model((out_dir / "model.safetensors").string(), model, meta);
+  res.stopped_early = stopped_early;
+  fill_best();
+  save_final(step);
   if (data.corpus() && tc["sample_length"].get<int64_t>() > 0) {
+    // From the weights model.safetensors holds.
+    if (res.final_model == "best") model.load_state_dict(read_safetensors(best_path.string()).tensors, true);
     Rng srng(seed + 17);
     res.sample = sample_text(model, data.corpus()->vocab(), "", tc["sample_length"], tc["sample_temperature"], srng);
   }
@@ -743,21 +962,76 @@ std::string resolve_model_path(const std::string& path) {
   return path;
 }
 
+TrainedModel load_trained_model(const std::string& model_path, const Placement& placement, bool allow_nonfinite) {
+  TrainedModel t;
+  t.path = resolve_model_path(model_path);
+  t.model = load_model(t.path, &t.meta, DType::F32, allow_nonfinite);
+  t.model.place(placement);
+  t.config = stored_config(t.meta, "lstm_engine.config", t.path);
+  t.task = t.config["task"].get<std::string>();
+  return t;
+}
+
+Vocab stored_vocab(const TrainedModel& m) {
+  auto it = m.meta.find("lstm_engine.vocab");
+  LSTM_REQUIRE(it != m.meta.end(), m.path << ": not a character language model (no vocabulary in the file)");
+  const nlohmann::json vj = parse_json(it->second, m.path + ": metadata \"lstm_engine.vocab\"");
+  Vocab vocab;
+  try {
+    vocab = Vocab::from_json(vj);
+  } catch (const Error& e) {
+    LSTM_THROW(m.path << ": metadata \"lstm_engine.vocab\": " << e.what());
+  }
+  LSTM_REQUIRE(vocab.size() == m.model.output_signal().features,
+               m.path << ": the vocabulary has " << vocab.size() << " entries but the model outputs "
+                      << m.model.output_signal().features);
+  return vocab;
+}
+
+CsvSchema stored_csv_schema(const TrainedModel& m) {
+  auto names = [&](const char* key) {
+    auto it = m.meta.find(key);
+    LSTM_REQUIRE(it != m.meta.end(), m.path << ": no metadata \"" << key << "\" (not a classifier trained by lstm)");
+    const nlohmann::json j = parse_json(it->second, m.path + ": metadata \"" + key + "\"");
+    LSTM_REQUIRE(j.is_array() && std::all_of(j.begin(), j.end(), [](const auto& e) { return e.is_string(); }),
+                 m.path << ": metadata \"" << key << "\" must be a list of strings, got " << json_excerpt(j));
+    return j.get<std::vector<std::string>>();
+  };
+  CsvSchema s;
+  s.class_names = names("lstm_engine.classes");
+  LSTM_REQUIRE(static_cast<int64_t>(s.class_names.size()) == m.model.output_signal().features,
+               m.path << ": " << s.class_names.size() << " class names but the model outputs "
+                      << m.model.output_signal().features);
+  const Signal& in = m.model.input_signal();
+  s.tokens = in.kind == SignalKind::Tokens;
+  if (s.tokens) {
+    s.token_names = names("lstm_engine.tokens");
+    LSTM_REQUIRE(static_cast<int64_t>(s.token_names.size()) == in.features,
+                 m.path << ": " << s.token_names.size() << " token names but the model reads " << in.features);
+  } else {
+    s.features = in.features;
+  }
+  return s;
+}
+
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path, int64_t batch_size,
                           int64_t seq_len, const Placement& placement, bool allow_nonfinite) {
-  checked_size(batch_size, 1, kMaxDim, "evaluation batch size");
-  checked_size(seq_len, 1, kMaxDim, "evaluation sequence length");
-  std::string mp = resolve_model_path(model_path);
-  std::map<std::string, std::string> meta;
-  Model model = load_model(mp, &meta, DType::F32, allow_nonfinite);
-  model.place(placement);
-  nlohmann::json cfg = stored_config(meta, "lstm_engine.config", mp);
-  const std::unique_ptr<Task> d = make_task(cfg, data_path);
-  d->adopt_model_metadata(meta, mp);
-  EvalResult r = run_eval(model, *d, batch_size, seq_len, 0);
-  LSTM_REQUIRE(r.count > 0, "nothing to evaluate: the held-out split of " << d->metadata().at("lstm_engine.data")
-                                                                         << " has no complete window of " << seq_len
-                                                                         << " steps (try a smaller --seq-len)");
+  checked_size(batch_size, 0, kMaxDim, "evaluation batch size");
+  checked_size(seq_len, 0, kMaxDim, "evaluation sequence length");
+  TrainedModel m = load_trained_model(model_path, placement, allow_nonfinite);
+  if (batch_size == 0) batch_size = m.config["train"]["batch_size"].get<int64_t>();
+  if (seq_len == 0) seq_len = m.config["train"]["seq_len"].get<int64_t>();
+  std::unique_ptr<Task> d;
+  if (data_path.empty()) {
+    d = make_task(m.config);
+    // The split is the one training held out only when the data is still the same.
+    d->adopt_model_metadata(m.meta, m.path);
+  } else {
+    d = make_eval_task(m, data_path);
+  }
+  EvalResult r = run_eval(m.model, *d, batch_size, seq_len, 0);
+  LSTM_REQUIRE(r.count > 0, "nothing to evaluate: " << d->description() << " has no complete window of " << seq_len
+                                                   << " steps (try a smaller --seq-len)");
   return r;
 }
 
@@ -765,20 +1039,13 @@ std::string generate_text(const std::string& model_path, const std::string& prim
                           uint64_t seed, const Placement& placement, bool allow_nonfinite) {
   checked_size(length, 0, kMaxDim, "generated length");
   std::string mp = resolve_model_path(model_path);
-  std::map<std::string, std::string> meta;
-  Model model = load_model(mp, &meta, DType::F32, allow_nonfinite);
-  model.place(placement);
-  auto it = meta.find("lstm_engine.vocab");
-  LSTM_REQUIRE(it != meta.end(), mp << ": not a character language model (no vocabulary in the file)");
-  const nlohmann::json vj = parse_json(it->second, mp + ": metadata \"lstm_engine.vocab\"");
-  Vocab vocab;
-  try {
-    vocab = Vocab::from_json(vj);
-  } catch (const Error& e) {
-    LSTM_THROW(mp << ": metadata \"lstm_engine.vocab\": " << e.what());
-  }
+  TrainedModel m;
+  m.path = mp;
+  m.model = load_model(mp, &m.meta, DType::F32, allow_nonfinite);
+  m.model.place(placement);
+  const Vocab vocab = stored_vocab(m);
   Rng rng(seed);
-  return sample_text(model, vocab, prime, length, temperature, rng);
+  return sample_text(m.model, vocab, prime, length, temperature, rng);
 }
 
 }  // namespace lstm
