@@ -59,10 +59,13 @@
 //
 // metrics.jsonl: one JSON object a line, appended (one write each) as the run goes:
 //   {"kind": "train", "step", "loss" (mean over the steps since the last line), "lr",
-//    "grad_norm" (mean, before clipping), "tokens_per_s" (charlm) or "samples_per_s" (classify),
+//    "grad_norm" (mean, before clipping), "tokens_per_s" (charlm), "samples_per_s" (classify),
+//    "tags_per_s" (tag) or "targets_per_s" (regress, forecast: values predicted),
 //    "elapsed_s", "eta_s" (null until measured)}                           every log_every steps
 //   {"kind": "eval", "step", "valid_loss", "valid_accuracy", "valid_targets", "best" (a new best),
 //    "best_step", "elapsed_s"}                                             every evaluation
+//    (regress, forecast: "valid_mse", "valid_mae", "valid_rmse" in original units instead of
+//    "valid_accuracy"; early_stopping.metric must be "valid_loss")
 //   {"kind": "early_stop", "step", "metric", "best", "best_step", "elapsed_s"}
 //   {"kind": "non_finite", "step", "loss", "grad_norm", "elapsed_s"}
 // A resume from step S first drops the lines past S (and a half-written last line), so the file
