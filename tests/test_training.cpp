@@ -80,14 +80,7 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
   for (auto& [k, v] : x.tensors) EXPECT_EQ(max_abs_diff(v, y.tensors.at(k)), 0.0) << a << " vs " << b << ": " << k;
 }
 
-std::string config_error(const nlohmann::json& j) {
-  try {
-    resolve_train_config(j);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using lstm::testing::config_error;
 
 }  // namespace
 
