@@ -29,10 +29,7 @@ namespace {
 
 fs::path temp_dir(const std::string& name) { return lstm::testing::temp_dir("lstm_cli_watch", name); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
+using lstm::testing::read_file;
 
 // Every line of metrics.jsonl, parsed (a line that does not parse fails the test unless
 // `while_running`: a reader may catch a line being written).

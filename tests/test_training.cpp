@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdint>
@@ -81,14 +82,7 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
   for (auto& [k, v] : x.tensors) EXPECT_EQ(max_abs_diff(v, y.tensors.at(k)), 0.0) << a << " vs " << b << ": " << k;
 }
 
-std::string config_error(const nlohmann::json& j) {
-  try {
-    resolve_train_config(j);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using lstm::testing::config_error;
 
 }  // namespace
 
@@ -478,6 +472,13 @@ TEST(Training, EarlyStoppingStopsAtTheEvaluationPatienceAllowsAndKeepsTheBestMod
   ASSERT_FALSE(recs.empty());
   EXPECT_EQ(recs.back()["kind"], "early_stop");
   EXPECT_EQ(recs.back()["best_step"], 5);
+  // The finished run folder means its final model (the best, step 5), not its latest checkpoint;
+  // once a resume writes a newer checkpoint, the run is in progress again and means that one.
+  EXPECT_EQ(resolve_model_path(run.string()), (run / "model.safetensors").string());
+  train(opts({}, run.string(), true, 15, &log));
+  EXPECT_EQ(resolve_model_path(run.string()), (run / "model.safetensors").string());
+  fs::last_write_time(run / "checkpoints" / "latest", fs::last_write_time(run / "model.safetensors") + std::chrono::seconds(1));
+  EXPECT_EQ(resolve_model_path(run.string()), (run / "checkpoints" / "step-00000015" / "model.safetensors").string());
 
   // final_model "last": the weights of the last step, whatever the best.
   TrainResult l = train(opts(best_config(d, {{"final_model", "last"}, {"steps", 12}}), (d / "last").string(), false,

@@ -17,6 +17,7 @@
 #include "lstm/lstm.hpp"
 #include "lstm/rng.hpp"
 #include "lstm/safetensors.hpp"
+#include "lstm/train.hpp"
 
 namespace lstm::testing {
 
@@ -117,6 +118,22 @@ inline LstmSpec write_forward_inputs(const SafetensorsFile& g, const std::filesy
   write_safetensors((dir / "m.safetensors").string(), model);
   write_safetensors((dir / "x.safetensors").string(), input);
   return spec;
+}
+
+// A whole file's bytes ("" when it cannot be read).
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// resolve_train_config's error message for a configuration, "(no error)" when it is accepted.
+inline std::string config_error(const nlohmann::json& j) {
+  try {
+    resolve_train_config(j);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace lstm::testing

@@ -24,19 +24,9 @@ namespace {
 
 fs::path temp_dir(const std::string& name) { return lstm::testing::temp_dir("lstm_watch", name); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
+using lstm::testing::read_file;
 
-std::string config_error(const nlohmann::json& j) {
-  try {
-    resolve_train_config(j);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using lstm::testing::config_error;
 
 }  // namespace
 

@@ -189,7 +189,9 @@ std::string generate_text(const std::string& model_path, const std::string& prim
 // the configuration as written (train() resolves it).
 nlohmann::json read_train_config_file(const std::string& path);
 
-// Resolves a model argument: a file as is; a run folder -> its latest checkpoint's model file.
+// Resolves a model argument: a file as is; a run folder -> its model.safetensors when the run
+// finished (the file is newer than checkpoints/latest), else its latest checkpoint's model file
+// (a run in progress, stopped, or resumed since it finished).
 std::string resolve_model_path(const std::string& path);
 
 }  // namespace lstm

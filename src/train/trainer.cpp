@@ -952,9 +952,14 @@ nlohmann::json read_train_config_file(const std::string& path) {
 
 std::string resolve_model_path(const std::string& path) {
   if (fs::is_directory(path)) {
-    fs::path p = fs::path(path) / "checkpoints";
-    if (fs::exists(p / "latest")) return (latest_checkpoint(path) / "model.safetensors").string();
-    if (fs::exists(fs::path(path) / "model.safetensors")) return (fs::path(path) / "model.safetensors").string();
+    // A finished run: its model.safetensors (written after its last checkpoint). A run in progress,
+    // stopped, or resumed since it finished: its latest checkpoint's model.
+    const fs::path latest = fs::path(path) / "checkpoints" / "latest", final_model = fs::path(path) / "model.safetensors";
+    std::error_code e1, e2;
+    const bool has_latest = fs::exists(latest), has_final = fs::exists(final_model);
+    if (has_final && (!has_latest || fs::last_write_time(final_model, e1) >= fs::last_write_time(latest, e2)))
+      return final_model.string();
+    if (has_latest) return (latest_checkpoint(path) / "model.safetensors").string();
     if (fs::exists(fs::path(path) / "latest")) return (latest_checkpoint(fs::path(path).parent_path()) / "model.safetensors").string();
     LSTM_THROW(path << " is a folder without a model: expected checkpoints/latest or model.safetensors in it");
   }
