@@ -659,6 +659,13 @@ TEST(Tasks, RegressionLearnsTheSumBelowTheMeanBaseline) {
   EXPECT_NEAR(e.mse, r.valid_mse, 1e-12);
   EXPECT_NEAR(e.mae, r.valid_mae, 1e-12);
   EXPECT_EQ(e.count, 120);
+  EXPECT_THAT(e.report(), ::testing::HasSubstr("(original units)"));
+  EXPECT_TRUE(e.to_json().contains("rmse"));
+  // --data: every row of the file, with the model's statistics.
+  EvalResult all = evaluate_model((d / "run").string(), (d / "data.csv").string());
+  EXPECT_EQ(all.count, 600);
+  EXPECT_EQ(all.data, "all of " + (d / "data.csv").string());
+  EXPECT_LT(all.mse, 0.35);
   fs::remove_all(d);
 }
 
@@ -743,6 +750,10 @@ TEST(Tasks, TaggingLearnsTokenParityPerStep) {
   EvalResult e = evaluate_model((d / "run").string());
   EXPECT_NEAR(e.accuracy, r.valid_accuracy, 1e-12);
   EXPECT_GT(e.count, 80);  // steps, not sequences
+  // Per-tag metrics count steps, padding left out.
+  EXPECT_EQ(e.class_names, (std::vector<std::string>{"even", "odd"}));
+  EXPECT_EQ(e.confusion.total(), e.count);
+  EXPECT_EQ(e.confusion.correct(), static_cast<int64_t>(std::llround(e.accuracy * static_cast<double>(e.count))));
   auto f = read_safetensors((d / "run" / "model.safetensors").string());
   EXPECT_EQ(f.metadata.at("lstm_engine.classes"), R"(["even","odd"])");
   // A many-to-one model cannot tag.
