@@ -547,3 +547,32 @@ TEST(Cli, AFileThatIsNotSafetensorsIsNamedAsSuch) {
   EXPECT_THAT(thr.out, HasSubstr("--threads"));
   fs::remove_all(d);
 }
+
+// A forecasting run prints its errors in original units (MSE, MAE, RMSE), not an accuracy, after
+// training and from `lstm eval`; both agree.
+TEST(Cli, ForecastReportsErrorsInOriginalUnits) {
+  fs::path d = temp_dir("forecast");
+  {
+    std::ofstream f(d / "series.csv");
+    f << "t,y\n";
+    for (int t = 0; t < 80; ++t) f << t << "," << 100 + 10 * std::sin(t * 0.5) << "\n";
+  }
+  write_text(d / "cfg.json", R"({"task": "forecast", "data": {"path": ")" + (d / "series.csv").string() +
+                                 R"(", "target_columns": ["y"], "horizon": 2, "valid_fraction": 0.25},
+    "model": {"layers": [{"type": "lstm", "hidden_size": 4}, {"type": "last_step"}, {"type": "dense"}]},
+    "train": {"steps": 3, "batch_size": 4, "seq_len": 6, "checkpoint_every": 0}})");
+  CliRun tr = run_cli("train --threads 1 --config " + (d / "cfg.json").string() + " --out " + (d / "run").string());
+  ASSERT_EQ(tr.code, 0) << tr.out;
+  EXPECT_THAT(tr.out, HasSubstr("(original units)"));
+  EXPECT_THAT(tr.out, Not(HasSubstr("accuracy")));
+  const size_t at = tr.out.find("final validation loss ");
+  ASSERT_NE(at, std::string::npos) << tr.out;
+  CliRun ev = run_cli("eval --model " + (d / "run").string());
+  ASSERT_EQ(ev.code, 0) << ev.out;
+  EXPECT_THAT(ev.out, HasSubstr("MSE"));
+  EXPECT_THAT(ev.out, HasSubstr("over 38 targets"));  // 20 held-out steps: 19 windows of 2
+  // The same loss as the training run's final evaluation.
+  const std::string loss = tr.out.substr(at + 22, tr.out.find(' ', at + 22) - at - 22);
+  EXPECT_THAT(ev.out, HasSubstr("loss " + loss + " (normalised)"));
+  fs::remove_all(d);
+}

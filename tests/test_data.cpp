@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -658,4 +659,130 @@ TEST(CharCorpus, LoadForEvalEncodesAllTextWithTheModelsVocabulary) {
   const std::string msg = error_of([&] { CharCorpus::load_for_eval({path}, Vocab::from_text("ab")); });
   EXPECT_TRUE(contains(msg, path)) << msg;
   EXPECT_TRUE(contains(msg, "'c'")) << msg;
+}
+
+// ---- Regression targets, per-step tags, time series, normalisation ----------------------------
+
+TEST(CsvDataset, RegressionTargetsInTheNamedOrder) {
+  TempDir d;
+  const auto p = d.write("r.csv", "y,sequence,z\n1.5,1|2 3|4,-2\n-0.25,5|6,1e3\n");
+  CsvDataset ds = CsvDataset::load(p, CsvSpec{"sequence", CsvTarget::Values, {"z", "y"}});
+  EXPECT_EQ(ds.target(), CsvTarget::Values);
+  EXPECT_EQ(ds.num_values(), 2);
+  EXPECT_EQ(ds.value_names(), (std::vector<std::string>{"z", "y"}));
+  EXPECT_EQ(ds.features(), 2);
+  Batch b = ds.batch({1, 0});
+  ASSERT_EQ(b.targets.dtype(), DType::F32);
+  ASSERT_EQ(b.targets.shape(), (Shape{2, 2}));
+  EXPECT_EQ(b.targets.get(0), 1000.0);
+  EXPECT_EQ(b.targets.get(1), -0.25);
+  EXPECT_EQ(b.targets.get(2), -2.0);
+  EXPECT_EQ(b.targets.get(3), 1.5);
+  EXPECT_EQ(b.inputs.shape(), (Shape{2, 2, 2}));
+  EXPECT_EQ(b.lengths, (std::vector<int64_t>{1, 2}));
+}
+
+TEST(CsvDataset, RegressionErrorsNameFileLineAndColumn) {
+  TempDir d;
+  const auto p = d.write("r.csv", "sequence,y\n1 2,0.5\n3 4,abc\n");
+  const std::string m = error_of([&] { CsvDataset::load(p, CsvSpec{"sequence", CsvTarget::Values, {"y"}}); });
+  EXPECT_TRUE(contains(m, p + ":3"));
+  EXPECT_TRUE(contains(m, "column 'y'"));
+  EXPECT_TRUE(contains(m, "expected a number, got 'abc'"));
+  const auto inf = d.write("i.csv", "sequence,y\n1 2,1e300\n");
+  EXPECT_TRUE(contains(error_of([&] { CsvDataset::load(inf, CsvSpec{"sequence", CsvTarget::Values, {"y"}}); }),
+                       "not a finite float"));
+  EXPECT_TRUE(contains(error_of([&] { CsvDataset::load(p, CsvSpec{"sequence", CsvTarget::Values, {"w"}}); }),
+                       "no target column 'w'"));
+  EXPECT_TRUE(contains(error_of([&] { CsvDataset::load(p, CsvSpec{"sequence", CsvTarget::Values, {"y", "y"}}); }),
+                       "named twice"));
+}
+
+TEST(CsvDataset, TagsOnePerStepPaddedWithIgnore) {
+  TempDir d;
+  const auto p = d.write("t.csv", "sequence,tags\na b c,X Y X\nb,Y\n");
+  CsvDataset ds = CsvDataset::load(p, CsvSpec{"sequence", CsvTarget::Tags, {"tags"}});
+  EXPECT_EQ(ds.target(), CsvTarget::Tags);
+  EXPECT_EQ(ds.class_names(), (std::vector<std::string>{"X", "Y"}));
+  EXPECT_TRUE(ds.is_tokens());
+  Batch b = ds.batch({1, 0});
+  ASSERT_EQ(b.targets.dtype(), DType::I64);
+  ASSERT_EQ(b.targets.shape(), (Shape{3, 2}));
+  // [t, b]: row 1 ("Y") then row 0 ("X Y X"); steps past a length are -100.
+  const std::vector<int64_t> want = {1, 0, -100, 1, -100, 0};
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(b.targets.data<int64_t>()[i], want[static_cast<size_t>(i)]) << i;
+  // Integer tags are class ids.
+  const auto q = d.write("n.csv", "sequence,tags\n1 2,0 2\n");
+  EXPECT_EQ(CsvDataset::load(q, CsvSpec{"sequence", CsvTarget::Tags, {"tags"}}).num_classes(), 3);
+}
+
+TEST(CsvDataset, TagCountMismatchNamesFileLineAndColumns) {
+  TempDir d;
+  const auto p = d.write("t.csv", "sequence,tags\na b,X Y\na b c,X Y\n");
+  const std::string m = error_of([&] { CsvDataset::load(p, CsvSpec{"sequence", CsvTarget::Tags, {"tags"}}); });
+  EXPECT_TRUE(contains(m, p + ":3"));
+  EXPECT_TRUE(contains(m, "column 'tags' has 2 tags but column 'sequence' has 3 steps"));
+  EXPECT_TRUE(contains(error_of([&] { CsvDataset::load(p, CsvSpec{"sequence", CsvTarget::Tags, {"a", "b"}}); }),
+                       "expected one tags column"));
+}
+
+TEST(TimeSeries, WindowsAndColumns) {
+  TempDir d;
+  // Row t: a = t, b = 10 t, date ignored.
+  std::string text = "date,a,b\n";
+  for (int t = 0; t < 10; ++t) text += "day" + std::to_string(t) + "," + std::to_string(t) + "," + std::to_string(10 * t) + "\n";
+  const auto p = d.write("s.csv", text);
+  TimeSeries ts = TimeSeries::load(p, {"b", "a"}, {"a"});
+  EXPECT_EQ(ts.steps(), 10);
+  EXPECT_EQ(ts.num_inputs(), 2);
+  EXPECT_EQ(ts.num_targets(), 1);
+  Batch b = ts.windows({0, 5}, 3, 2);
+  ASSERT_EQ(b.inputs.shape(), (Shape{3, 2, 2}));
+  ASSERT_EQ(b.targets.shape(), (Shape{2, 2}));
+  // Input step t of window b: [10 (s + t), s + t].
+  EXPECT_EQ(b.inputs.get(((2 * 2) + 1) * 2 + 0), 70.0);  // t=2, window at 5: b
+  EXPECT_EQ(b.inputs.get(((2 * 2) + 1) * 2 + 1), 7.0);   //                   a
+  // Targets: steps s+3, s+4 of a.
+  EXPECT_EQ(b.targets.get(0), 3.0);
+  EXPECT_EQ(b.targets.get(1), 4.0);
+  EXPECT_EQ(b.targets.get(2), 8.0);
+  EXPECT_EQ(b.targets.get(3), 9.0);
+  EXPECT_THROW(ts.windows({6}, 3, 2), Error);  // 6 + 3 + 2 > 10
+  // No inputs named: the targets are the inputs.
+  EXPECT_EQ(TimeSeries::load(p, {}, {"b"}).input_names(), (std::vector<std::string>{"b"}));
+}
+
+TEST(TimeSeries, ErrorsNameFileLineAndColumn) {
+  TempDir d;
+  const auto p = d.write("s.csv", "a,b\n1,2\n3,x\n");
+  const std::string m = error_of([&] { TimeSeries::load(p, {"a"}, {"b"}); });
+  EXPECT_TRUE(contains(m, p + ":3"));
+  EXPECT_TRUE(contains(m, "column 'b': expected a number, got 'x'"));
+  EXPECT_TRUE(contains(error_of([&] { TimeSeries::load(p, {"c"}, {"b"}); }), "no input column 'c'"));
+  EXPECT_TRUE(contains(error_of([&] { TimeSeries::load(p, {}, {}); }), "no target column"));
+  const auto e = d.write("e.csv", "a,b\n");
+  EXPECT_TRUE(contains(error_of([&] { TimeSeries::load(e, {}, {"a"}); }), "no data rows"));
+}
+
+TEST(Normalization, FitApplyAndJsonRoundTrip) {
+  // Two columns: {1, 2, 3, 4} (mean 2.5, population std sqrt(1.25)) and a constant 7 (std 1).
+  Normalization n = Normalization::fit({"x", "c"}, {1, 7, 2, 7, 3, 7, 4, 7});
+  EXPECT_DOUBLE_EQ(n.mean[0], 2.5);
+  EXPECT_DOUBLE_EQ(n.std[0], std::sqrt(1.25));
+  EXPECT_DOUBLE_EQ(n.mean[1], 7.0);
+  EXPECT_EQ(n.std[1], 1.0);
+  std::vector<float> row = {4, 7};
+  n.apply(row.data(), 1);
+  EXPECT_FLOAT_EQ(row[0], static_cast<float>(1.5 / std::sqrt(1.25)));
+  EXPECT_EQ(row[1], 0.0f);
+  Normalization back = Normalization::from_json(n.to_json(), "test");
+  EXPECT_EQ(back.names, n.names);
+  EXPECT_EQ(back.mean, n.mean);
+  EXPECT_EQ(back.std, n.std);
+  nlohmann::json bad = n.to_json();
+  bad["std"][0] = 0.0;
+  EXPECT_TRUE(contains(error_of([&] { Normalization::from_json(bad, "model.safetensors"); }), "model.safetensors: std[0]"));
+  bad = n.to_json();
+  bad["mean"].erase(1);
+  EXPECT_TRUE(contains(error_of([&] { Normalization::from_json(bad, "m"); }), "\"mean\" must be a list of 2 numbers"));
 }

@@ -414,9 +414,9 @@ TEST(GpuDropout, StatisticsMaskReuseAndPadding) {
 
 // ---- Activation and LastStep --------------------------------------------------------------------
 
-TEST(GpuActivation, ReluAndTanhMatchCpu) {
+TEST(GpuActivation, ReluTanhAndSigmoidMatchCpu) {
   REQUIRE_GPU();
-  for (const char* fn : {"relu", "tanh"})
+  for (const char* fn : {"relu", "tanh", "sigmoid"})
     for (int64_t f : {12, 5}) {
       Rng rng(31);
       Pair pr = make_layer_pair([&] { return make_activation(fn); }, {SignalKind::Sequence, f}, Precision::F32, rng);

@@ -2,6 +2,7 @@
 // padding behaviour, hand-computed values, dropout statistics, errors and JSON round trips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -209,8 +210,8 @@ TEST(DropoutGrad, SequenceAndVector) {
   check_layer_grads(*dv, {randn({8, 6}, DType::F64, rng), {}});
 }
 
-TEST(ActivationGrad, ReluAndTanh) {
-  for (const char* fn : {"relu", "tanh"}) {
+TEST(ActivationGrad, ReluTanhAndSigmoid) {
+  for (const char* fn : {"relu", "tanh", "sigmoid"}) {
     auto a = make_activation(fn);
     a->build({SignalKind::Sequence, 3}, DType::F64);
     Rng rng(6);
@@ -487,6 +488,40 @@ TEST(Activation, Values) {
   for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(gr.data.get(i), eg[i]);
 }
 
+// torch.sigmoid's values, also where exp(-x) would overflow (no NaN, 1 - y kept for x < 0);
+// the backward is dy * y * (1 - y).
+TEST(Activation, SigmoidValuesAndBackward) {
+  auto s = make_activation("sigmoid");
+  EXPECT_EQ(s->describe(), "Sigmoid");
+  EXPECT_TRUE(s->params().empty());
+  EXPECT_EQ(s->to_json(), nlohmann::json::parse(R"({"type":"activation","fn":"sigmoid"})"));
+  EXPECT_EQ(layer_from_json(s->to_json())->describe(), "Sigmoid");
+  s->build({SignalKind::Vector, 6}, DType::F64);
+  Tensor x = Tensor::from_vector<double>({1, 6}, {-800.0, -30.0, -1.0, 0.0, 2.0, 800.0});
+  Rng rng(15);
+  Act y = s->forward({x, {}}, true, rng);
+  for (int64_t i = 0; i < 6; ++i) {
+    const double want = 1.0 / (1.0 + std::exp(-x.get(i)));
+    EXPECT_NEAR(y.data.get(i), want, 1e-15 * std::max(1.0, want)) << x.get(i);
+  }
+  EXPECT_EQ(y.data.get(0), 0.0);
+  EXPECT_EQ(y.data.get(3), 0.5);
+  EXPECT_EQ(y.data.get(5), 1.0);
+  EXPECT_NEAR(y.data.get(1), std::exp(-30.0), 1e-25);  // relative precision kept far left
+  Tensor dy = Tensor::from_vector<double>({1, 6}, {1, 1, 2, 3, -1, 1});
+  Act g = s->backward({dy, {}});
+  for (int64_t i = 0; i < 6; ++i) {
+    const double yi = y.data.get(i);
+    EXPECT_DOUBLE_EQ(g.data.get(i), dy.get(i) * yi * (1 - yi)) << i;
+  }
+  EXPECT_DOUBLE_EQ(g.data.get(3), 0.75);
+  // F32 agrees with F64.
+  auto s32 = make_activation("sigmoid");
+  s32->build({SignalKind::Vector, 6}, DType::F32);
+  Act y32 = s32->forward({x.to(DType::F32), {}}, false, rng);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_NEAR(y32.data.get(i), y.data.get(i), 1e-7);
+}
+
 TEST(Loss, HandComputedValues) {
   // Uniform logits: loss log(C), gradient 1/C - onehot over the count.
   Tensor logits = Tensor::zeros({2, 4}, DType::F32);
@@ -698,4 +733,49 @@ TEST(LayerJson, Errors) {
   EXPECT_NE(m.find("\"type\""), std::string::npos) << m;
   m = msg(R"([1, 2])");
   EXPECT_NE(m.find("must be an object"), std::string::npos) << m;
+}
+
+// ---- Regression losses ---------------------------------------------------------------------------
+
+// torch.nn.MSELoss()(p, y) and torch.nn.HuberLoss(delta=1.0)(p, y) for p = [[0.5, -2], [3, 1]],
+// y = [[0, 0], [1, 1]]: differences 0.5, -2, 2, 0 -> MSE (0.25 + 4 + 4 + 0) / 4 = 2.0625;
+// Huber (0.125 + 1.5 + 1.5 + 0) / 4 = 0.78125. Gradients: MSE 2 d / 4; Huber clip(d, +-delta) / 4.
+TEST(RegressionLoss, HandComputedValuesAndGradients) {
+  Tensor p = Tensor::from_vector<double>({2, 2}, {0.5, -2, 3, 1});
+  Tensor y = Tensor::from_vector<float>({2, 2}, {0, 0, 1, 1});
+  LossResult m = regression_loss(p, y);
+  EXPECT_DOUBLE_EQ(m.loss, 2.0625);
+  EXPECT_EQ(m.count, 4);
+  const std::vector<double> gm = {0.25, -1, 1, 0};
+  for (int64_t i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(m.grad.get(i), gm[static_cast<size_t>(i)]) << i;
+  LossResult h = regression_loss(p, y, RegressionLoss::Huber, 1.0);
+  EXPECT_DOUBLE_EQ(h.loss, 0.78125);
+  const std::vector<double> gh = {0.125, -0.25, 0.25, 0};
+  for (int64_t i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(h.grad.get(i), gh[static_cast<size_t>(i)]) << i;
+  // delta 3: every difference is inside, Huber = MSE / 2.
+  EXPECT_DOUBLE_EQ(regression_loss(p, y, RegressionLoss::Huber, 3.0).loss, 2.0625 / 2);
+  EXPECT_EQ(m.grad.dtype(), DType::F64);
+  EXPECT_THROW(regression_loss(p, Tensor::zeros({4}, DType::F32)), Error);
+  EXPECT_THROW(regression_loss(p, y, RegressionLoss::Huber, 0.0), Error);
+  EXPECT_THROW(regression_loss(p, Tensor::zeros({2, 2}, DType::I64)), Error);
+}
+
+TEST(RegressionLoss, GradientMatchesFiniteDifferences) {
+  Rng rng(23);
+  Tensor p = randn({3, 4}, DType::F64, rng);
+  Tensor y = randn({3, 4}, DType::F64, rng);
+  for (RegressionLoss kind : {RegressionLoss::MSE, RegressionLoss::Huber}) {
+    LossResult r = regression_loss(p, y, kind, 0.7);
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const double eps = 1e-6, x = p.get(i);
+      // Steer clear of Huber's kink at |d| = delta, where the two sides differ.
+      if (kind == RegressionLoss::Huber && std::abs(std::abs(x - y.get(i)) - 0.7) < 1e-3) continue;
+      p.data<double>()[i] = x + eps;
+      const double up = regression_loss(p, y, kind, 0.7).loss;
+      p.data<double>()[i] = x - eps;
+      const double down = regression_loss(p, y, kind, 0.7).loss;
+      p.data<double>()[i] = x;
+      EXPECT_NEAR(r.grad.get(i), (up - down) / (2 * eps), 1e-8) << i;
+    }
+  }
 }

@@ -9,7 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 
 #include <filesystem>
 #include <fstream>
@@ -555,4 +557,299 @@ TEST(Training, ResumeRefusesMalformedProgressAndNamesIt) {
         << progress;
   }
   fs::remove_all(d);
+}
+
+// ---- Tasks regress, forecast and tag ----------------------------------------------------------
+
+namespace {
+
+// Sequences of 3..10 numbers in [-1, 1]; target "sum" = their sum (std about 1.5).
+void write_sum_csv(const fs::path& p, int rows, uint64_t seed) {
+  Rng rng(seed);
+  std::ofstream f(p);
+  f << "sequence,sum\n";
+  for (int r = 0; r < rows; ++r) {
+    const int len = 3 + static_cast<int>(rng.below(8));
+    double sum = 0;
+    for (int t = 0; t < len; ++t) {
+      const double x = std::round((2 * rng.uniform() - 1) * 1000) / 1000;
+      sum += x;
+      f << (t ? " " : "") << x;
+    }
+    f << "," << sum << "\n";
+  }
+}
+
+// y = 5 + 3 sin(2 pi t / 16), one row per step (offset and scale make normalisation matter).
+void write_sine_csv(const fs::path& p, int steps) {
+  std::ofstream f(p);
+  f << "t,y\n";
+  for (int t = 0; t < steps; ++t) f << t << "," << 5 + 3 * std::sin(2 * std::numbers::pi * t / 16) << "\n";
+}
+
+// Tokens t0..t9; the tag of a step is the parity of its token's digit.
+void write_parity_csv(const fs::path& p, int rows, uint64_t seed) {
+  Rng rng(seed);
+  std::ofstream f(p);
+  f << "sequence,tags\n";
+  for (int r = 0; r < rows; ++r) {
+    const int len = 2 + static_cast<int>(rng.below(8));
+    std::string seq, tags;
+    for (int t = 0; t < len; ++t) {
+      const uint64_t k = rng.below(10);
+      seq += (t ? " t" : "t") + std::to_string(k);
+      tags += std::string(t ? " " : "") + (k % 2 ? "odd" : "even");
+    }
+    f << seq << "," << tags << "\n";
+  }
+}
+
+nlohmann::json small_train(int64_t steps, double lr) {
+  return {{"steps", steps},          {"batch_size", 16},     {"eval_every", 0}, {"checkpoint_every", 0},
+          {"optimizer", {{"type", "adam"}}}, {"schedule", {{"type", "constant"}, {"lr", lr}}}};
+}
+
+nlohmann::json regress_config(const fs::path& csv) {
+  return {{"task", "regress"},
+          {"data", {{"path", csv.string()}, {"target_columns", {"sum"}}, {"valid_fraction", 0.2}}},
+          {"model", {{"layers", {{{"type", "lstm"}, {"hidden_size", 16}}, {{"type", "last_step"}}, {{"type", "dense"}}}}}},
+          {"train", small_train(250, 0.01)}};
+}
+
+nlohmann::json forecast_config(const fs::path& csv, int64_t steps) {
+  nlohmann::json t = small_train(steps, 0.01);
+  t["seq_len"] = 12;
+  return {{"task", "forecast"},
+          {"data", {{"path", csv.string()}, {"target_columns", {"y"}}, {"horizon", 3}, {"valid_fraction", 0.2}}},
+          {"model", {{"layers", {{{"type", "lstm"}, {"hidden_size", 16}}, {{"type", "last_step"}}, {{"type", "dense"}}}}}},
+          {"train", t}};
+}
+
+Normalization stored_targets(const fs::path& model) {
+  auto f = read_safetensors(model.string());
+  const auto j = nlohmann::json::parse(f.metadata.at("lstm_engine.normalization"));
+  return Normalization::from_json(j["targets"], model.string());
+}
+
+}  // namespace
+
+TEST(Tasks, RegressionLearnsTheSumBelowTheMeanBaseline) {
+  set_num_threads(1);
+  fs::path d = temp_dir("regress");
+  write_sum_csv(d / "data.csv", 600, 5);
+  std::ostringstream log;
+  TrainResult r = train(opts(regress_config(d / "data.csv"), (d / "run").string(), false, -1, &log));
+  ASSERT_FALSE(r.stopped_non_finite) << log.str();
+  EXPECT_TRUE(r.regression);
+  // Predicting the training mean scores a normalised MSE of about 1 (the sum of 3..10 uniform
+  // numbers in [-1, 1] has a variance of about 6.5 / 3 = 2.2 in original units; 3 steps of
+  // training still score 0.73 and 1.6). Stated goal: below 0.1 and 0.35.
+  EXPECT_LT(r.valid_loss, 0.1) << log.str();
+  EXPECT_LT(r.valid_mse, 0.35) << log.str();
+  EXPECT_NEAR(r.valid_rmse, std::sqrt(r.valid_mse), 1e-12);
+  EXPECT_EQ(r.valid_accuracy, 0.0);
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("MSE"));
+  // The stored statistics are those of the targets (original units), and eval reproduces the run.
+  Normalization n = stored_targets(d / "run" / "model.safetensors");
+  EXPECT_EQ(n.names, (std::vector<std::string>{"sum"}));
+  EXPECT_GT(n.std[0], 1.0);
+  EvalResult e = evaluate_model((d / "run").string());
+  EXPECT_TRUE(e.regression);
+  EXPECT_NEAR(e.loss, r.valid_loss, 1e-12);
+  EXPECT_NEAR(e.mse, r.valid_mse, 1e-12);
+  EXPECT_NEAR(e.mae, r.valid_mae, 1e-12);
+  EXPECT_EQ(e.count, 120);
+  EXPECT_THAT(e.report(), ::testing::HasSubstr("(original units)"));
+  EXPECT_TRUE(e.to_json().contains("rmse"));
+  // --data: every row of the file, with the model's statistics.
+  EvalResult all = evaluate_model((d / "run").string(), (d / "data.csv").string());
+  EXPECT_EQ(all.count, 600);
+  EXPECT_EQ(all.data, "all of " + (d / "data.csv").string());
+  EXPECT_LT(all.mse, 0.35);
+  fs::remove_all(d);
+}
+
+TEST(Tasks, HuberRegressionLearnsToo) {
+  set_num_threads(1);
+  fs::path d = temp_dir("huber");
+  write_sum_csv(d / "data.csv", 400, 6);
+  nlohmann::json cfg = regress_config(d / "data.csv");
+  cfg["train"]["loss"] = "huber";
+  cfg["train"]["huber_delta"] = 0.5;
+  cfg["train"]["steps"] = 150;
+  std::ostringstream log;
+  TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("(huber, normalised)"));
+  EXPECT_LT(r.valid_mse, 1.0) << log.str();  // the mean baseline: about 2.2
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ForecastLearnsASineAndNormalisesOnTheTrainingSplitOnly) {
+  set_num_threads(1);
+  fs::path d = temp_dir("forecast");
+  write_sine_csv(d / "sine.csv", 300);
+  std::ostringstream log;
+  TrainResult r = train(opts(forecast_config(d / "sine.csv", 200), (d / "run").string(), false, -1, &log));
+  ASSERT_FALSE(r.stopped_non_finite) << log.str();
+  // A constant forecast scores a normalised MSE of about 1 (3^2 / 2 = 4.5 in original units).
+  EXPECT_LT(r.valid_loss, 0.05) << log.str();
+  EXPECT_LT(r.valid_mse, 0.25) << log.str();
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("the last 60 held out"));
+
+  // Statistics of the first 240 steps only.
+  Normalization n = stored_targets(d / "run" / "model.safetensors");
+  double mean = 0, var = 0;
+  for (int t = 0; t < 240; ++t) mean += 5 + 3 * std::sin(2 * std::numbers::pi * t / 16);
+  mean /= 240;
+  for (int t = 0; t < 240; ++t) var += std::pow(5 + 3 * std::sin(2 * std::numbers::pi * t / 16) - mean, 2);
+  EXPECT_NEAR(n.mean[0], mean, 1e-5);
+  EXPECT_NEAR(n.std[0], std::sqrt(var / 240), 1e-5);
+
+  // Evaluating on another file (`lstm eval --data`: every window of it) uses the model's
+  // statistics, not the file's: steps 210..299 alone have another mean and std (4.5 periods in
+  // their first 80%), which would throw the forecast off by about 0.2 in original units.
+  {
+    std::ifstream in(d / "sine.csv");
+    std::ofstream out(d / "tail.csv");
+    std::string line;
+    for (int i = 0; std::getline(in, line); ++i)
+      if (i == 0 || i > 210) out << line << "\n";
+  }
+  EvalResult same = evaluate_model((d / "run").string());
+  EXPECT_NEAR(same.mse, r.valid_mse, 1e-12);
+  EvalResult tail = evaluate_model((d / "run").string(), (d / "tail.csv").string());
+  EXPECT_EQ(tail.count, (90 - 12 - 3 + 1) * 3);
+  EXPECT_LT(tail.mse, 0.01);
+  EXPECT_THAT(tail.data, ::testing::HasSubstr("every window of the series"));
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ForecastRefusesASeriesShorterThanAWindow) {
+  fs::path d = temp_dir("short");
+  write_sine_csv(d / "sine.csv", 16);
+  std::ostringstream log;
+  const std::string m = train_error(opts(forecast_config(d / "sine.csv", 5), (d / "run").string(), false, -1, &log));
+  EXPECT_THAT(m, ::testing::HasSubstr("sine.csv"));
+  EXPECT_THAT(m, ::testing::HasSubstr("train.seq_len (12) + data.horizon (3) = 15"));
+  fs::remove_all(d);
+}
+
+TEST(Tasks, TaggingLearnsTokenParityPerStep) {
+  set_num_threads(1);
+  fs::path d = temp_dir("tag");
+  write_parity_csv(d / "tags.csv", 400, 9);
+  nlohmann::json cfg = {{"task", "tag"},
+                        {"data", {{"path", (d / "tags.csv").string()}, {"valid_fraction", 0.2}}},
+                        {"model", {{"embedding_dim", 8}, {"layers", {{{"type", "lstm"}, {"hidden_size", 12}}, {{"type", "dense"}}}}}},
+                        {"train", small_train(120, 0.02)}};
+  std::ostringstream log;
+  TrainResult r = train(opts(cfg, (d / "run").string(), false, -1, &log));
+  // Chance is 50% per step. Stated goal: >= 97% of the held-out steps.
+  EXPECT_GE(r.valid_accuracy, 0.97) << log.str();
+  EXPECT_FALSE(r.regression);
+  EvalResult e = evaluate_model((d / "run").string());
+  EXPECT_NEAR(e.accuracy, r.valid_accuracy, 1e-12);
+  EXPECT_GT(e.count, 80);  // steps, not sequences
+  // Per-tag metrics count steps, padding left out.
+  EXPECT_EQ(e.class_names, (std::vector<std::string>{"even", "odd"}));
+  EXPECT_EQ(e.confusion.total(), e.count);
+  EXPECT_EQ(e.confusion.correct(), static_cast<int64_t>(std::llround(e.accuracy * static_cast<double>(e.count))));
+  auto f = read_safetensors((d / "run" / "model.safetensors").string());
+  EXPECT_EQ(f.metadata.at("lstm_engine.classes"), R"(["even","odd"])");
+  // A many-to-one model cannot tag.
+  cfg["model"]["layers"] = {{{"type", "lstm"}, {"hidden_size", 4}}, {{"type", "last_step"}}, {{"type", "dense"}}};
+  EXPECT_THAT(train_error(opts(cfg, (d / "bad").string(), false, 1, &log)), ::testing::HasSubstr("a label per step"));
+  fs::remove_all(d);
+}
+
+// Token sequences regress too: only the targets are normalised ("inputs": null), and a model
+// evaluates with its stored statistics.
+TEST(Tasks, RegressionOnTokensStoresTargetStatisticsOnly) {
+  set_num_threads(1);
+  fs::path d = temp_dir("regress_tokens");
+  {
+    std::ofstream f(d / "data.csv");
+    f << "sequence,count\n";
+    Rng rng(4);
+    for (int r = 0; r < 60; ++r) {
+      int n = 0;
+      std::string s;
+      for (int t = 0; t < 6; ++t) {
+        const bool a = rng.below(2) == 0;
+        n += a;
+        s += std::string(t ? " " : "") + (a ? "a" : "b");
+      }
+      f << s << "," << n << "\n";
+    }
+  }
+  nlohmann::json cfg = regress_config(d / "data.csv");
+  cfg["data"]["target_columns"] = {"count"};
+  cfg["train"]["steps"] = 2;
+  std::ostringstream log;
+  train(opts(cfg, (d / "run").string(), false, -1, &log));
+  auto f = read_safetensors((d / "run" / "model.safetensors").string());
+  const auto norm = nlohmann::json::parse(f.metadata.at("lstm_engine.normalization"));
+  EXPECT_TRUE(norm["inputs"].is_null());
+  EXPECT_EQ(norm["targets"]["names"], nlohmann::json({"count"}));
+  EXPECT_EQ(f.metadata.at("lstm_engine.tokens"), R"(["a","b","<unk>"])");
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("targets/s"));
+  EvalResult e = evaluate_model((d / "run").string());
+  EXPECT_TRUE(e.regression);
+  EXPECT_EQ(e.count, 12);
+  fs::remove_all(d);
+}
+
+TEST(Tasks, RegressionNeedsAManyToOneModel) {
+  fs::path d = temp_dir("regress_shape");
+  write_sum_csv(d / "data.csv", 20, 5);
+  nlohmann::json cfg = regress_config(d / "data.csv");
+  cfg["model"]["layers"] = {{{"type", "lstm"}, {"hidden_size", 4}}, {{"type", "dense"}}};
+  std::ostringstream log;
+  EXPECT_THAT(train_error(opts(cfg, (d / "run").string(), false, 1, &log)), ::testing::HasSubstr("many-to-one head"));
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ForecastResumeEqualsUninterrupted) {
+  set_num_threads(1);
+  fs::path d = temp_dir("forecast_resume");
+  write_sine_csv(d / "sine.csv", 120);
+  nlohmann::json cfg = forecast_config(d / "sine.csv", 16);
+  cfg["model"]["layers"] = {{{"type", "lstm"}, {"hidden_size", 6}}, {{"type", "last_step"}},
+                            {{"type", "dropout"}, {"p", 0.2}}, {{"type", "dense"}}};
+  cfg["train"]["checkpoint_every"] = 8;
+  cfg["train"]["eval_every"] = 8;
+  cfg["train"]["schedule"] = {{"type", "cosine"}, {"lr", 0.01}, {"warmup_steps", 2}, {"total_steps", 16}};
+  std::ostringstream log;
+  TrainResult full = train(opts(cfg, (d / "full").string(), false, -1, &log));
+  TrainResult part = train(opts(cfg, (d / "part").string(), false, 8, &log));
+  EXPECT_EQ(part.step, 8);
+  TrainResult rest = train(opts({}, (d / "part").string(), true, 16, &log));
+  EXPECT_EQ(rest.step, 16);
+  auto a = read_safetensors((d / "full" / "model.safetensors").string());
+  auto b = read_safetensors((d / "part" / "model.safetensors").string());
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (auto& [k, v] : a.tensors) EXPECT_EQ(max_abs_diff(v, b.tensors.at(k)), 0.0) << k;
+  EXPECT_EQ(a.metadata.at("lstm_engine.normalization"), b.metadata.at("lstm_engine.normalization"));
+  EXPECT_EQ(full.valid_loss, rest.valid_loss);
+  EXPECT_EQ(full.valid_mse, rest.valid_mse);
+  fs::remove_all(d);
+}
+
+TEST(Tasks, ConfigErrorsNameTheField) {
+  auto err = config_error;
+  EXPECT_THAT(err({{"task", "regression"}}), ::testing::HasSubstr("'task'"));
+  EXPECT_THAT(err({{"task", "regress"}, {"data", {{"target_columns", nlohmann::json::array()}}}}),
+              ::testing::HasSubstr("data.target_columns"));
+  EXPECT_THAT(err({{"task", "regress"}, {"data", {{"target_columns", {1}}}}}), ::testing::HasSubstr("data.target_columns[0]"));
+  EXPECT_THAT(err({{"task", "regress"}, {"data", {{"target_columns", {"y", "y"}}}}}), ::testing::HasSubstr("twice"));
+  EXPECT_THAT(err({{"task", "forecast"}, {"data", {{"input_columns", "y"}}}}), ::testing::HasSubstr("data.input_columns"));
+  EXPECT_THAT(err({{"task", "forecast"}, {"data", {{"horizon", 0}}}}), ::testing::HasSubstr("data.horizon"));
+  EXPECT_THAT(err({{"task", "tag"}, {"data", {{"tags_column", 3}}}}), ::testing::HasSubstr("data.tags_column"));
+  EXPECT_THAT(err({{"task", "regress"}, {"train", {{"loss", "mae"}}}}), ::testing::HasSubstr("train.loss"));
+  EXPECT_THAT(err({{"task", "classify"}, {"train", {{"loss", "huber"}}}}), ::testing::HasSubstr("train.loss"));
+  EXPECT_THAT(err({{"task", "forecast"}, {"train", {{"loss", "cross_entropy"}}}}), ::testing::HasSubstr("train.loss"));
+  EXPECT_THAT(err({{"task", "regress"}, {"train", {{"huber_delta", 0}}}}), ::testing::HasSubstr("train.huber_delta"));
+  // "auto" resolves per task.
+  EXPECT_EQ(resolve_train_config({{"task", "forecast"}})["train"]["loss"], "mse");
+  EXPECT_EQ(resolve_train_config({{"task", "tag"}})["train"]["loss"], "cross_entropy");
 }

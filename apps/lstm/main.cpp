@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   bool resume = false, overwrite = false, allow_nonfinite = false;
   const char* kAllowNonfinite = "load a model with NaN/Inf parameters anyway (to inspect it)";
   train->add_option("--config", config_path, "JSON training configuration (see include/lstm/train.hpp)");
-  train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify)");
+  train->add_option("--data", data_path, "override data.path: a text file/folder (charlm) or a CSV file (classify, regress, tag, forecast)");
   train->add_option("--out", out_dir, "run folder for checkpoints and the final model")->capture_default_str();
   train->add_option("--steps", steps, "total optimizer steps (overrides the config)");
   train->add_option("--threads", threads, "CPU threads (0: all cores)");
@@ -426,7 +426,12 @@ int main(int argc, char** argv) {
         return 128 + r.stopped_by;
       }
       std::cout << "trained " << r.step << " steps" << (r.stopped_early ? " (stopped early)" : "")
-                << "; final validation loss " << r.valid_loss << ", accuracy " << 100 * r.valid_accuracy << "%\n";
+                << "; final validation loss " << r.valid_loss;
+      if (r.regression)
+        std::cout << " (normalised), MSE " << r.valid_mse << ", MAE " << r.valid_mae << ", RMSE " << r.valid_rmse
+                  << " (original units)\n";
+      else
+        std::cout << ", accuracy " << 100 * r.valid_accuracy << "%\n";
       std::cout << "model: " << out_dir << "/model.safetensors = ";
       if (r.final_model == "best")
         std::cout << "the best by " << r.best_metric << " (" << r.best_value << " at step " << r.final_model_step << ")";

@@ -102,7 +102,8 @@ std::unique_ptr<Layer> make_embedding(int64_t num_embeddings, int64_t embedding_
 std::unique_ptr<Layer> make_dense(int64_t out_features, bool bias = true);
 // Inverted dropout with probability p (identity when not training).
 std::unique_ptr<Layer> make_dropout(double p);
-// "relu" or "tanh", elementwise.
+// "relu", "tanh" or "sigmoid", elementwise (torch.nn.ReLU / Tanh / Sigmoid: no parameters).
+// JSON: {"type": "activation", "fn": "sigmoid"}.
 std::unique_ptr<Layer> make_activation(const std::string& fn);
 // Many-to-one head: sequence [T, B, F] -> vector [B, F] taken at each sequence's last valid step.
 std::unique_ptr<Layer> make_last_step();

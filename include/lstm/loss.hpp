@@ -1,4 +1,5 @@
-// Softmax + cross-entropy, fused and numerically stable (log-sum-exp with the max subtracted).
+// Softmax + cross-entropy, fused and numerically stable (log-sum-exp with the max subtracted);
+// mean squared error and Huber loss for regression.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,17 @@ struct LossResult {
 // nothing synchronised.
 LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                                  const std::vector<uint8_t>& mask = {});
+
+enum class RegressionLoss { MSE, Huber };
+
+// torch.nn.MSELoss() / torch.nn.HuberLoss(delta=delta) with mean reduction over every element:
+// predictions and targets have the same shape ([N, K]; F32 or F64 predictions, F32 or F64
+// targets, on the CPU or the GPU; a GPU prediction is read back and its gradient copied to the
+// GPU, which waits for the engine stream). Huber: 0.5 x^2 where |x| < delta, else
+// delta (|x| - 0.5 delta), with x = prediction - target; delta > 0. Returns the mean loss, count
+// = the number of elements (correct = 0) and the gradient (prediction's shape, dtype, device).
+LossResult regression_loss(const Tensor& predictions, const Tensor& targets, RegressionLoss kind = RegressionLoss::MSE,
+                           double delta = 1.0);
 
 // Row-wise softmax of logits [N, C] divided by `temperature` (> 0), as f64 probabilities.
 std::vector<double> softmax_row(const Tensor& logits, int64_t row, double temperature = 1.0);

@@ -2,9 +2,10 @@
 //
 // Configuration (every field optional but task and data.path; defaults shown in
 // default_train_config()):
-//   {"task": "charlm" | "classify",
+//   {"task": "charlm" | "classify" | "regress" | "forecast" | "tag",
 //    "data": {"path": FILE_OR_FOLDER, "valid_fraction": 0.05, "max_bytes": -1,
-//             "label_column": "label", "sequence_column": "sequence"},
+//             "label_column": "label", "sequence_column": "sequence", "tags_column": "tags",
+//             "target_columns": ["target"], "input_columns": [], "horizon": 1},
 //    "model": {"embedding_dim": 32, "layers": [{"type": "lstm", "hidden_size": 256}, {"type": "dense"}]},
 //    "train": {"steps": 1000, "batch_size": 32, "seq_len": 64, "seed": 1, "threads": 0,
 //              "optimizer": {"type": "adam"}, "schedule": {"type": "cosine", "lr": 3e-3, ...},
@@ -14,11 +15,30 @@
 //              "checkpoint_every": 250, "keep_checkpoints": 3, "sample_length": 300,
 //              "sample_temperature": 0.8,
 //              "early_stopping": {"metric": "valid_loss", "patience": 0, "min_delta": 0.0},
-//              "final_model": "best"}}
+//              "final_model": "best", "loss": "auto", "huber_delta": 1.0}}
+// Tasks (docs/guide/tasks.md has the data formats and an example of each):
+//   charlm    text; a window of train.seq_len characters predicts the next character at each step.
+//   classify  CSV: data.sequence_column and data.label_column; a class per row.
+//   regress   CSV: data.sequence_column and data.target_columns (numbers); K numbers per row.
+//   tag       CSV: data.sequence_column and data.tags_column (one label per step); a class per step.
+//   forecast  CSV, one row per time step: windows of train.seq_len steps of data.input_columns
+//             (empty: the target columns) predict the next data.horizon steps of
+//             data.target_columns (output h * K + k: step h, column k). The last valid_fraction
+//             of the rows is held out; training windows never reach into it.
+// train.loss: "auto" is cross-entropy for charlm, classify and tag (the only loss they take) and
+// "mse" for regress and forecast, which also take "huber" (torch.nn.HuberLoss with delta
+// train.huber_delta > 0); both with mean reduction over every predicted value.
+// regress and forecast normalise numeric inputs and the targets per column with the mean and
+// (population) standard deviation of the training split (a constant column gets std 1); the
+// statistics are stored in the model (metadata "lstm_engine.normalization": {"inputs": {"names",
+// "mean", "std"} or null for token input, "targets": {...}}) and used when it is evaluated. Their
+// loss is in normalised units; EvalResult and TrainResult report MSE, MAE and RMSE of the
+// de-normalised predictions, in the targets' original units.
 // For token inputs an Embedding(vocab, embedding_dim) is put first; a last dense layer without
-// out_features gets the vocabulary size (charlm) or the class count (classify). A classify model
-// must end its recurrent part with a many-to-one head ({"type": "last_step"} or an lstm with
-// "output": "h_n").
+// out_features gets the vocabulary size (charlm), the class count (classify, tag), the target
+// count K (regress) or horizon * K (forecast). classify, regress and forecast models must end
+// their recurrent part with a many-to-one head ({"type": "last_step"} or an lstm with
+// "output": "h_n"); charlm and tag models keep the sequence (a dense layer applies per step).
 //
 // Every evaluation (each eval_every steps and at the last step) compares the validation metric
 // early_stopping.metric ("valid_loss": lower is better, "valid_accuracy": higher is better) with
@@ -39,10 +59,13 @@
 //
 // metrics.jsonl: one JSON object a line, appended (one write each) as the run goes:
 //   {"kind": "train", "step", "loss" (mean over the steps since the last line), "lr",
-//    "grad_norm" (mean, before clipping), "tokens_per_s" (charlm) or "samples_per_s" (classify),
+//    "grad_norm" (mean, before clipping), "tokens_per_s" (charlm), "samples_per_s" (classify),
+//    "tags_per_s" (tag) or "targets_per_s" (regress, forecast: values predicted),
 //    "elapsed_s", "eta_s" (null until measured)}                           every log_every steps
 //   {"kind": "eval", "step", "valid_loss", "valid_accuracy", "valid_targets", "best" (a new best),
 //    "best_step", "elapsed_s"}                                             every evaluation
+//    (regress, forecast: "valid_mse", "valid_mae", "valid_rmse" in original units instead of
+//    "valid_accuracy"; early_stopping.metric must be "valid_loss")
 //   {"kind": "early_stop", "step", "metric", "best", "best_step", "elapsed_s"}
 //   {"kind": "non_finite", "step", "loss", "grad_norm", "elapsed_s"}
 // A resume from step S first drops the lines past S (and a half-written last line), so the file
@@ -95,6 +118,10 @@ struct TrainResult {
   double train_loss = 0;       // mean loss of the last logged window
   double valid_loss = 0;       // last evaluation (at the end: over all held-out batches, = evaluate_model's)
   double valid_accuracy = 0;   // last evaluation (fraction of targets predicted right)
+  // regress, forecast (regression true): the last evaluation's errors in the targets' original
+  // units (valid_accuracy stays 0).
+  bool regression = false;
+  double valid_mse = 0, valid_mae = 0, valid_rmse = 0;
   std::string sample;          // charlm: generated text at the end
   std::string last_checkpoint;
   bool stopped_non_finite = false;  // a NaN/Inf loss or gradient stopped the run
@@ -119,9 +146,9 @@ TrainResult train(const TrainOptions& opts);
 // numbers TrainResult and the model report, always covers all of them and equals evaluate_model's
 // on the same run (same batch_size and seq_len: its defaults).
 struct EvalResult {
-  double loss = 0, accuracy = 0;
-  int64_t count = 0;            // targets scored
-  std::string task;             // "charlm" | "classify"
+  double loss = 0, accuracy = 0;  // loss: the training objective (regression: on normalised targets)
+  int64_t count = 0;            // targets scored (regression: values predicted)
+  std::string task;             // "charlm" | "classify" | "regress" | "forecast" | "tag"
   std::string data;             // what was scored, in words (a file, or the held-out split of one)
   int64_t unknown = 0;          // input characters/tokens read as the model's <unk> id
   // Classification only (empty otherwise): the model's classes and per-class results.
@@ -129,9 +156,14 @@ struct EvalResult {
   ConfusionMatrix confusion;    // [target][predicted]
   std::vector<ClassMetrics> per_class;
   double macro_f1 = 0;          // unweighted mean of the classes' F1
+  // regress, forecast (regression true): errors of the de-normalised predictions, in the
+  // targets' original units, over every value predicted; accuracy stays 0.
+  bool regression = false;
+  double mse = 0, mae = 0, rmse = 0;
 
   nlohmann::json to_json() const;
-  // Loss, accuracy, and for classification a per-class table and the confusion matrix.
+  // Loss, accuracy (regression: MSE, MAE, RMSE), and for classification a per-class table and
+  // the confusion matrix.
   std::string report() const;
 };
 

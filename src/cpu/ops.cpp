@@ -116,6 +116,22 @@ void tanh_backward(const T* y, const T* dy, T* dx, int64_t n) {
 }
 
 template <class T>
+void sigmoid_forward(const T* x, T* y, int64_t n) {
+#pragma omp parallel for if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    // exp of a non-positive number only: no overflow, and 1 - y keeps its precision for x < 0.
+    const T e = std::exp(-std::abs(x[i]));
+    y[i] = x[i] >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
+  }
+}
+
+template <class T>
+void sigmoid_backward(const T* y, const T* dy, T* dx, int64_t n) {
+#pragma omp parallel for simd if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (T(1) - y[i]);
+}
+
+template <class T>
 void zero_past_lengths(T* x, const int64_t* lengths, int64_t steps, int64_t batch, int64_t f) {
   if (!lengths) return;
 #pragma omp parallel for if (steps * batch * f >= kParallelMin)
@@ -157,6 +173,8 @@ void last_step_scatter(const T* dy, const int64_t* lengths, T* dx, int64_t steps
   template void relu_backward<T>(const T*, const T*, T*, int64_t);                                    \
   template void tanh_forward<T>(const T*, T*, int64_t);                                               \
   template void tanh_backward<T>(const T*, const T*, T*, int64_t);                                    \
+  template void sigmoid_forward<T>(const T*, T*, int64_t);                                            \
+  template void sigmoid_backward<T>(const T*, const T*, T*, int64_t);                                 \
   template void zero_past_lengths<T>(T*, const int64_t*, int64_t, int64_t, int64_t);                  \
   template void last_step_gather<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);         \
   template void last_step_scatter<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t);

@@ -53,6 +53,13 @@ void tanh_forward(const T* x, T* y, int64_t n);
 template <class T>
 void tanh_backward(const T* y, const T* dy, T* dx, int64_t n);
 
+// y = 1 / (1 + exp(-x)), computed without overflow for large |x|.
+template <class T>
+void sigmoid_forward(const T* x, T* y, int64_t n);
+// dx = dy * y * (1 - y), from the forward's output y.
+template <class T>
+void sigmoid_backward(const T* y, const T* dy, T* dx, int64_t n);
+
 // x is [steps, batch, f]; zeroes x[t, b, :] for t >= lengths[b]. lengths == null: nothing to do.
 template <class T>
 void zero_past_lengths(T* x, const int64_t* lengths, int64_t steps, int64_t batch, int64_t f);

@@ -161,6 +161,16 @@ struct ReluBwdOp {
 struct TanhBwdOp {
   __device__ float operator()(float y, float dy, int64_t, int64_t) const { return dy * (1.f - y * y); }
 };
+// exp of a non-positive number only, as the CPU reference computes it.
+struct SigmoidFwdOp {
+  __device__ float operator()(float x, float, int64_t, int64_t) const {
+    const float e = expf(-fabsf(x));
+    return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+  }
+};
+struct SigmoidBwdOp {
+  __device__ float operator()(float y, float dy, int64_t, int64_t) const { return dy * y * (1.f - y); }
+};
 struct BiasOp {
   const float* bias;
   __device__ float operator()(float, float, int64_t, int64_t col) const { return bias[col]; }
@@ -313,6 +323,8 @@ void dropout_apply(const float* src, float* dst, const Rows& s, double p, uint64
 void activation_forward(ActFn fn, const float* x, float* y, const Rows& s) {
   if (fn == ActFn::Relu)
     map_rows(x, nullptr, y, s, ReluFwdOp{});
+  else if (fn == ActFn::Sigmoid)
+    map_rows(x, nullptr, y, s, SigmoidFwdOp{});
   else
     map_rows(x, nullptr, y, s, TanhFwdOp{});
 }
@@ -320,6 +332,8 @@ void activation_forward(ActFn fn, const float* x, float* y, const Rows& s) {
 void activation_backward(ActFn fn, const float* y, const float* dy, float* dx, const Rows& s) {
   if (fn == ActFn::Relu)
     map_rows(y, dy, dx, s, ReluBwdOp{});
+  else if (fn == ActFn::Sigmoid)
+    map_rows(y, dy, dx, s, SigmoidBwdOp{});
   else
     map_rows(y, dy, dx, s, TanhBwdOp{});
 }

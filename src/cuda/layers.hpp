@@ -50,7 +50,7 @@ void embedding_scatter_add(const int32_t* ids, const float* dy, float* dtable, i
 // apply_mask false: dst = src (only the padded rows are zeroed). Padded rows of dst are zero.
 void dropout_apply(const float* src, float* dst, const Rows& shape, double p, uint64_t seed, bool apply_mask);
 
-enum class ActFn { Relu, Tanh };
+enum class ActFn { Relu, Tanh, Sigmoid };
 // y = fn(x), padded rows zero.
 void activation_forward(ActFn fn, const float* x, float* y, const Rows& shape);
 // dx = fn'(from the forward's output y) * dy (relu: dy where y > 0), padded rows zero.

@@ -220,26 +220,93 @@ bool CsvReader::next(CsvRecord& record) {
 
 CsvDataset CsvDataset::load(const std::string& path, const std::string& label_column,
                             const std::string& sequence_column) {
+  return load(path, CsvSpec{sequence_column, CsvTarget::Label, {label_column}});
+}
+
+namespace {
+
+// Class ids for labels: integer ids if every label is one (names "0".."max"), otherwise the
+// distinct names in sorted order. `lines[i]` is where labels[i] is, for errors.
+std::vector<int64_t> class_ids(const std::vector<std::string_view>& labels, const std::vector<int64_t>& lines,
+                               const std::string& path, const std::string& column, std::vector<std::string>& names) {
+  const size_t n = labels.size();
+  std::vector<int64_t> ids(n);
+  bool integer_labels = true;
+  int64_t max_id = 0;
+  for (size_t i = 0; i < n && integer_labels; ++i) {
+    integer_labels = parse_class_id(labels[i], ids[i]);
+    if (integer_labels) max_id = std::max(max_id, ids[i]);
+  }
+  names.clear();
+  if (integer_labels) {
+    // Guards against a non-label column (an id, a date) being taken for class ids.
+    constexpr int64_t kMaxClassId = (int64_t{1} << 20) - 1;
+    for (size_t i = 0; i < n; ++i)
+      LSTM_REQUIRE(ids[i] <= kMaxClassId, path << ":" << lines[i] << ": label " << ids[i] << " in column '" << column
+                                               << "' is too large for a class id (at most " << kMaxClassId
+                                               << "); integer labels are used as class ids 0..max");
+    for (int64_t c = 0; c <= max_id; ++c) names.push_back(std::to_string(c));
+    return ids;
+  }
+  const std::set<std::string_view> distinct(labels.begin(), labels.end());
+  std::unordered_map<std::string_view, int64_t> id;
+  for (const auto& name : distinct) {
+    id.emplace(name, static_cast<int64_t>(names.size()));
+    names.emplace_back(name);
+  }
+  for (size_t i = 0; i < n; ++i) ids[i] = id.at(labels[i]);
+  return ids;
+}
+
+// A number of a numeric column, finite as a float; errors name the place and the text.
+float column_number(std::string_view field, const std::string& path, int64_t line, const std::string& column) {
+  const std::string_view text = trim(field);
+  double v = 0;
+  LSTM_REQUIRE(parse_double(text, v), path << ":" << line << ": column '" << column << "': expected a number, got '"
+                                            << printable(text, 40) << "'");
+  const auto f = static_cast<float>(v);
+  LSTM_REQUIRE(std::isfinite(f), path << ":" << line << ": column '" << column << "': " << printable(text, 40)
+                                      << " is not a finite float");
+  return f;
+}
+
+}  // namespace
+
+CsvDataset CsvDataset::load(const std::string& path, const CsvSpec& spec) {
+  const std::string& sequence_column = spec.sequence_column;
+  const char* role = spec.target == CsvTarget::Label ? "label" : spec.target == CsvTarget::Tags ? "tags" : "target";
+  LSTM_REQUIRE(!spec.target_columns.empty(), "CsvDataset::load: no " << role << " column named");
+  LSTM_REQUIRE(spec.target == CsvTarget::Values || spec.target_columns.size() == 1,
+               "CsvDataset::load: expected one " << role << " column, got " << spec.target_columns.size());
+  for (size_t i = 0; i < spec.target_columns.size(); ++i) {
+    LSTM_REQUIRE(spec.target_columns[i] != sequence_column,
+                 "CsvDataset::load: the " << role << " and sequence columns must differ, both are '"
+                                          << sequence_column << "'");
+    for (size_t j = 0; j < i; ++j)
+      LSTM_REQUIRE(spec.target_columns[i] != spec.target_columns[j],
+                   "CsvDataset::load: the " << role << " column '" << spec.target_columns[i] << "' is named twice");
+  }
   // A folder or FIFO is refused by name (a folder used to read as "the file is empty").
   const std::string text = read_regular_file(path, "CSV file " + path + ": ", memory_limited_bytes());
 
   const std::vector<CsvRecord> rows = parse_csv(text, path);
   LSTM_REQUIRE(!rows.empty(), path << ": the file is empty, expected a header row naming the columns '"
-                                   << label_column << "' and '" << sequence_column << "'");
-  LSTM_REQUIRE(label_column != sequence_column,
-               "CsvDataset::load: the label and sequence columns must differ, both are '" << label_column << "'");
+                                   << spec.target_columns[0] << "' and '" << sequence_column << "'");
   std::vector<std::string> header;
   for (const auto& f : rows[0].fields) header.emplace_back(trim(f));
-  auto find_column = [&](const std::string& name, const char* role) {
+  auto find_column = [&](const std::string& name, const char* what) {
     const auto it = std::find(header.begin(), header.end(), name);
-    LSTM_REQUIRE(it != header.end(), path << ":" << rows[0].line << ": no " << role << " column '" << name
+    LSTM_REQUIRE(it != header.end(), path << ":" << rows[0].line << ": no " << what << " column '" << name
                                           << "' in the header; available columns: " << join(header));
     return static_cast<size_t>(it - header.begin());
   };
-  const size_t label_col = find_column(label_column, "label");
+  std::vector<size_t> target_cols;
+  for (const auto& c : spec.target_columns) target_cols.push_back(find_column(c, role));
   const size_t seq_col = find_column(sequence_column, "sequence");
   LSTM_REQUIRE(rows.size() > 1, path << ": no data rows after the header");
 
+  CsvDataset d;
+  d.target_ = spec.target;
   std::vector<std::string_view> labels;
   std::vector<std::vector<std::string_view>> steps;
   std::vector<int64_t> lines;
@@ -248,43 +315,44 @@ CsvDataset CsvDataset::load(const std::string& path, const std::string& label_co
     LSTM_REQUIRE(rec.fields.size() == header.size(),
                  path << ":" << rec.line << ": expected " << header.size() << " fields as in the header, got "
                       << rec.fields.size() << " (a field holding commas must be quoted)");
-    const std::string_view label = trim(rec.fields[label_col]);
-    LSTM_REQUIRE(!label.empty(), path << ":" << rec.line << ": empty label in column '" << label_column << "'");
     auto seq = split_ws(rec.fields[seq_col]);
     LSTM_REQUIRE(!seq.empty(), path << ":" << rec.line << ": empty sequence in column '" << sequence_column
                                     << "', expected at least one step");
-    labels.push_back(label);
+    if (spec.target == CsvTarget::Label) {
+      const std::string_view label = trim(rec.fields[target_cols[0]]);
+      LSTM_REQUIRE(!label.empty(), path << ":" << rec.line << ": empty label in column '" << spec.target_columns[0] << "'");
+      labels.push_back(label);
+    } else if (spec.target == CsvTarget::Tags) {
+      auto tags = split_ws(rec.fields[target_cols[0]]);
+      LSTM_REQUIRE(tags.size() == seq.size(),
+                   path << ":" << rec.line << ": column '" << spec.target_columns[0] << "' has " << tags.size()
+                        << " tags but column '" << sequence_column << "' has " << seq.size()
+                        << " steps; expected one tag per step");
+      labels.insert(labels.end(), tags.begin(), tags.end());
+    } else {
+      for (size_t k = 0; k < target_cols.size(); ++k)
+        d.values_.push_back(column_number(rec.fields[target_cols[k]], path, rec.line, spec.target_columns[k]));
+    }
     steps.push_back(std::move(seq));
     lines.push_back(rec.line);
   }
-  const size_t n = labels.size();
+  const size_t n = steps.size();
 
-  CsvDataset d;
-  // Labels: integer class ids if every label is one, otherwise names.
-  bool integer_labels = true;
-  int64_t max_id = 0;
-  d.labels_.resize(n);
-  for (size_t i = 0; i < n && integer_labels; ++i) {
-    integer_labels = parse_class_id(labels[i], d.labels_[i]);
-    if (integer_labels) max_id = std::max(max_id, d.labels_[i]);
-  }
-  if (integer_labels) {
-    // Guards against a non-label column (an id, a date) being taken for class ids.
-    constexpr int64_t kMaxClassId = (int64_t{1} << 20) - 1;
-    for (size_t i = 0; i < n; ++i)
-      LSTM_REQUIRE(d.labels_[i] <= kMaxClassId, path << ":" << lines[i] << ": label " << d.labels_[i]
-                                                     << " in column '" << label_column
-                                                     << "' is too large for a class id (at most " << kMaxClassId
-                                                     << "); integer labels are used as class ids 0..max");
-    for (int64_t c = 0; c <= max_id; ++c) d.class_names_.push_back(std::to_string(c));
-  } else {
-    const std::set<std::string_view> names(labels.begin(), labels.end());
-    std::unordered_map<std::string_view, int64_t> id;
-    for (const auto& name : names) {
-      id.emplace(name, static_cast<int64_t>(d.class_names_.size()));
-      d.class_names_.emplace_back(name);
+  if (spec.target == CsvTarget::Label) {
+    d.labels_ = class_ids(labels, lines, path, spec.target_columns[0], d.class_names_);
+  } else if (spec.target == CsvTarget::Tags) {
+    std::vector<int64_t> tag_lines;
+    for (size_t i = 0; i < n; ++i) tag_lines.insert(tag_lines.end(), steps[i].size(), lines[i]);
+    const std::vector<int64_t> ids = class_ids(labels, tag_lines, path, spec.target_columns[0], d.class_names_);
+    d.tags_.resize(n);
+    size_t k = 0;
+    for (size_t i = 0; i < n; ++i) {
+      d.tags_[i].assign(ids.begin() + static_cast<std::ptrdiff_t>(k),
+                        ids.begin() + static_cast<std::ptrdiff_t>(k + steps[i].size()));
+      k += steps[i].size();
     }
-    for (size_t i = 0; i < n; ++i) d.labels_[i] = id.at(labels[i]);
+  } else {
+    d.value_names_ = spec.target_columns;
   }
 
   // Sequences: numeric if every step of every row is a number (or numbers joined by '|'). That is
@@ -499,8 +567,6 @@ Batch CsvDataset::batch(const std::vector<int64_t>& indices) const {
     out.lengths[b] = static_cast<int64_t>(sequences_[static_cast<size_t>(i)].size()) / width;
     T = std::max(T, out.lengths[b]);
   }
-  out.targets = Tensor::empty({B}, DType::I64);
-  int64_t* y = out.targets.data<int64_t>();
   if (tokens_) {
     out.inputs = Tensor::zeros({T, B}, DType::I64);
     int64_t* x = out.inputs.data<int64_t>();
@@ -519,7 +585,22 @@ Batch CsvDataset::batch(const std::vector<int64_t>& indices) const {
         std::copy_n(seq.begin() + t * F, F, x + (t * B + b) * F);
     }
   }
-  for (int64_t b = 0; b < B; ++b) y[b] = labels_[static_cast<size_t>(indices[static_cast<size_t>(b)])];
+  const auto row = [&](int64_t b) { return static_cast<size_t>(indices[static_cast<size_t>(b)]); };
+  if (target_ == CsvTarget::Label) {
+    out.targets = Tensor::empty({B}, DType::I64);
+    int64_t* y = out.targets.data<int64_t>();
+    for (int64_t b = 0; b < B; ++b) y[b] = labels_[row(b)];
+  } else if (target_ == CsvTarget::Tags) {
+    out.targets = Tensor::full({T, B}, -100.0, DType::I64);
+    int64_t* y = out.targets.data<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < out.lengths[static_cast<size_t>(b)]; ++t) y[t * B + b] = tags_[row(b)][static_cast<size_t>(t)];
+  } else {
+    const int64_t K = num_values();
+    out.targets = Tensor::empty({B, K}, DType::F32);
+    float* y = out.targets.data<float>();
+    for (int64_t b = 0; b < B; ++b) std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(row(b)) * K, K, y + b * K);
+  }
   return out;
 }
 
@@ -544,6 +625,131 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> CsvDataset::split(double v
   if (n < 2) n_valid = 0;
   const auto cut = order.begin() + (n - n_valid);
   return {std::vector<int64_t>(order.begin(), cut), std::vector<int64_t>(cut, order.end())};
+}
+
+TimeSeries TimeSeries::load(const std::string& path, const std::vector<std::string>& inputs,
+                            const std::vector<std::string>& targets) {
+  LSTM_REQUIRE(!targets.empty(), "TimeSeries::load: no target column named");
+  const std::vector<std::string>& in_names = inputs.empty() ? targets : inputs;
+  for (const auto* list : {&in_names, &targets})
+    for (size_t i = 0; i < list->size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        LSTM_REQUIRE((*list)[i] != (*list)[j], "TimeSeries::load: the " << (list == &targets ? "target" : "input")
+                                                                        << " column '" << (*list)[i]
+                                                                        << "' is named twice");
+  const std::string text = read_regular_file(path, "CSV file " + path + ": ", memory_limited_bytes());
+  const std::vector<CsvRecord> rows = parse_csv(text, path);
+  LSTM_REQUIRE(!rows.empty(), path << ": the file is empty, expected a header row naming the columns");
+  std::vector<std::string> header;
+  for (const auto& f : rows[0].fields) header.emplace_back(trim(f));
+  auto find_column = [&](const std::string& name, const char* role) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    LSTM_REQUIRE(it != header.end(), path << ":" << rows[0].line << ": no " << role << " column '" << name
+                                          << "' in the header; available columns: " << join(header));
+    return static_cast<size_t>(it - header.begin());
+  };
+  std::vector<size_t> in_cols, tg_cols;
+  for (const auto& c : in_names) in_cols.push_back(find_column(c, "input"));
+  for (const auto& c : targets) tg_cols.push_back(find_column(c, "target"));
+  LSTM_REQUIRE(rows.size() > 1, path << ": no data rows after the header");
+
+  TimeSeries ts;
+  ts.input_names_ = in_names;
+  ts.target_names_ = targets;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    const CsvRecord& rec = rows[r];
+    LSTM_REQUIRE(rec.fields.size() == header.size(),
+                 path << ":" << rec.line << ": expected " << header.size() << " fields as in the header, got "
+                      << rec.fields.size() << " (a field holding commas must be quoted)");
+    for (size_t k = 0; k < in_cols.size(); ++k)
+      ts.inputs_.push_back(column_number(rec.fields[in_cols[k]], path, rec.line, in_names[k]));
+    for (size_t k = 0; k < tg_cols.size(); ++k)
+      ts.targets_.push_back(column_number(rec.fields[tg_cols[k]], path, rec.line, targets[k]));
+  }
+  ts.steps_ = static_cast<int64_t>(rows.size() - 1);
+  return ts;
+}
+
+Batch TimeSeries::windows(const std::vector<int64_t>& starts, int64_t seq_len, int64_t horizon) const {
+  LSTM_REQUIRE(!starts.empty(), "TimeSeries::windows: no windows selected");
+  LSTM_REQUIRE(seq_len >= 1 && horizon >= 1,
+               "TimeSeries::windows: seq_len and horizon must be >= 1, got " << seq_len << " and " << horizon);
+  const auto B = static_cast<int64_t>(starts.size());
+  const int64_t F = num_inputs(), K = num_targets();
+  Batch out;
+  out.lengths.assign(starts.size(), seq_len);
+  out.inputs = Tensor::empty({seq_len, B, F}, DType::F32);
+  out.targets = Tensor::empty({B, horizon * K}, DType::F32);
+  float* x = out.inputs.data<float>();
+  float* y = out.targets.data<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s = starts[static_cast<size_t>(b)];
+    LSTM_REQUIRE(s >= 0 && s <= steps_ - seq_len - horizon,
+                 "TimeSeries::windows: a window of " << seq_len << " + " << horizon << " steps at " << s
+                                                     << " does not fit the series of " << steps_ << " steps");
+    for (int64_t t = 0; t < seq_len; ++t) std::copy_n(input_row(s + t), F, x + (t * B + b) * F);
+    for (int64_t h = 0; h < horizon; ++h) std::copy_n(target_row(s + seq_len + h), K, y + b * horizon * K + h * K);
+  }
+  return out;
+}
+
+Normalization Normalization::fit(const std::vector<std::string>& names, const std::vector<float>& values) {
+  const size_t k = names.size();
+  LSTM_REQUIRE(k > 0 && values.size() % k == 0,
+               "Normalization::fit: " << values.size() << " values do not make rows of " << k << " columns");
+  Normalization n;
+  n.names = names;
+  n.mean.assign(k, 0.0);
+  n.std.assign(k, 1.0);
+  const size_t rows = values.size() / k;
+  if (rows == 0) return n;
+  // Two passes in double: the variance does not cancel for columns far from zero.
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < k; ++c) n.mean[c] += values[r * k + c];
+  for (double& m : n.mean) m /= static_cast<double>(rows);
+  std::vector<double> var(k, 0.0);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < k; ++c) {
+      const double d = values[r * k + c] - n.mean[c];
+      var[c] += d * d;
+    }
+  for (size_t c = 0; c < k; ++c) {
+    const double sd = std::sqrt(var[c] / static_cast<double>(rows));
+    // A constant column (up to float rounding) would otherwise be blown up to noise.
+    n.std[c] = std::isfinite(sd) && sd > 1e-6 * std::max(1.0, std::abs(n.mean[c])) ? sd : 1.0;
+  }
+  return n;
+}
+
+void Normalization::apply(float* x, int64_t n) const {
+  const int64_t k = size();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      x[r * k + c] = static_cast<float>((x[r * k + c] - mean[static_cast<size_t>(c)]) / std[static_cast<size_t>(c)]);
+}
+
+nlohmann::json Normalization::to_json() const { return {{"names", names}, {"mean", mean}, {"std", std}}; }
+
+Normalization Normalization::from_json(const nlohmann::json& j, const std::string& what) {
+  LSTM_REQUIRE(j.is_object() && j.size() == 3 && j.contains("names") && j.contains("mean") && j.contains("std"),
+               what << ": expected an object {\"names\", \"mean\", \"std\"}, got " << json_excerpt(j));
+  Normalization n;
+  const auto& names = j["names"];
+  LSTM_REQUIRE(names.is_array() && !names.empty(), what << ": \"names\" must be a non-empty list, got " << json_excerpt(names));
+  for (size_t i = 0; i < names.size(); ++i) n.names.push_back(read_string(names[i], what + ": names[" + std::to_string(i) + "]"));
+  for (const char* key : {"mean", "std"}) {
+    const auto& a = j[key];
+    LSTM_REQUIRE(a.is_array() && a.size() == names.size(),
+                 what << ": \"" << key << "\" must be a list of " << names.size() << " numbers, got " << json_excerpt(a));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string field = what + ": " + key + "[" + std::to_string(i) + "]";
+      if (std::string(key) == "mean")
+        n.mean.push_back(read_number(a[i], field, std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max()));
+      else
+        n.std.push_back(read_number(a[i], field, std::numeric_limits<double>::min(), std::numeric_limits<double>::max()));
+    }
+  }
+  return n;
 }
 
 }  // namespace lstm

@@ -602,12 +602,14 @@ class Dropout final : public LayerBase {
 class Activation final : public LayerBase {
  public:
   explicit Activation(const std::string& fn) : fn_(fn) {
-    LSTM_REQUIRE(fn == "relu" || fn == "tanh", "activation: unknown fn \"" << fn << "\"; expected \"relu\" or \"tanh\"");
+    LSTM_REQUIRE(fn == "relu" || fn == "tanh" || fn == "sigmoid",
+                 "activation: unknown fn \"" << fn << "\"; expected \"relu\", \"tanh\" or \"sigmoid\"");
   }
 
   std::string kind() const override { return "activation"; }
   json to_json() const override { return {{"type", "activation"}, {"fn", fn_}}; }
-  std::string describe() const override { return fn_ == "relu" ? "ReLU" : "Tanh"; }
+  // torch.nn's module names (ReLU, Tanh, Sigmoid: none has parameters).
+  std::string describe() const override { return fn_ == "relu" ? "ReLU" : fn_ == "sigmoid" ? "Sigmoid" : "Tanh"; }
   void init(Rng&) override {}
 
   Act forward(const Act& in, bool training, Rng&) override {
@@ -626,6 +628,8 @@ class Activation final : public LayerBase {
     with_float_type(dtype_, [&]<class T>() {
       if (fn_ == "relu")
         cpu::relu_forward<T>(in.data.data<T>(), y.data<T>(), n);
+      else if (fn_ == "sigmoid")
+        cpu::sigmoid_forward<T>(in.data.data<T>(), y.data<T>(), n);
       else
         cpu::tanh_forward<T>(in.data.data<T>(), y.data<T>(), n);
       if (in_.kind == SignalKind::Sequence)
@@ -651,6 +655,8 @@ class Activation final : public LayerBase {
     with_float_type(dtype_, [&]<class T>() {
       if (fn_ == "relu")
         cpu::relu_backward<T>(y_.data<T>(), g.data.data<T>(), dx.data<T>(), n);
+      else if (fn_ == "sigmoid")
+        cpu::sigmoid_backward<T>(y_.data<T>(), g.data.data<T>(), dx.data<T>(), n);
       else
         cpu::tanh_backward<T>(y_.data<T>(), g.data.data<T>(), dx.data<T>(), n);
       // tanh'(0) = 1, so padded rows need zeroing even though their outputs are zero.
@@ -669,7 +675,9 @@ class Activation final : public LayerBase {
 
  private:
 #if LSTM_HAVE_CUDA
-  cuda::ActFn gpu_fn() const { return fn_ == "relu" ? cuda::ActFn::Relu : cuda::ActFn::Tanh; }
+  cuda::ActFn gpu_fn() const {
+    return fn_ == "relu" ? cuda::ActFn::Relu : fn_ == "sigmoid" ? cuda::ActFn::Sigmoid : cuda::ActFn::Tanh;
+  }
 #endif
   std::string fn_;
   Tensor y_;

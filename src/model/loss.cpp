@@ -159,6 +159,48 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& targets, in
   return res;
 }
 
+LossResult regression_loss(const Tensor& predictions, const Tensor& targets, RegressionLoss kind, double delta) {
+  LSTM_REQUIRE(predictions.defined() && predictions.dim() >= 1,
+               "regression_loss: expected predictions [N, K], got "
+                   << (predictions.defined() ? predictions.shape_str() : std::string("an undefined tensor")));
+  LSTM_REQUIRE(is_floating(predictions.dtype()) && targets.defined() && is_floating(targets.dtype()),
+               "regression_loss: expected floating predictions and targets, got "
+                   << dtype_name(predictions.dtype()) << " and "
+                   << (targets.defined() ? dtype_name(targets.dtype()) : "an undefined tensor"));
+  LSTM_REQUIRE(targets.shape() == predictions.shape(), "regression_loss: the predictions are "
+                                                           << predictions.shape_str() << " but the targets are "
+                                                           << targets.shape_str());
+  LSTM_REQUIRE(kind == RegressionLoss::MSE || (delta > 0 && std::isfinite(delta)),
+               "regression_loss: the Huber delta must be positive and finite, got " << delta);
+  const Tensor x = predictions.device() == Device::CPU ? predictions : predictions.cpu();
+  const Tensor y = targets.device() == Device::CPU ? targets : targets.cpu();
+  const int64_t n = x.numel();
+  LossResult res;
+  res.count = n;
+  Tensor grad = Tensor::empty(x.shape(), x.dtype());
+  const double inv = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = x.get(i) - y.get(i);
+    double l, g;
+    if (kind == RegressionLoss::MSE || std::abs(d) < delta) {
+      l = kind == RegressionLoss::MSE ? d * d : 0.5 * d * d;
+      g = kind == RegressionLoss::MSE ? 2 * d : d;
+    } else {
+      l = delta * (std::abs(d) - 0.5 * delta);
+      g = d > 0 ? delta : -delta;
+    }
+    total += l;
+    if (x.dtype() == DType::F64)
+      grad.data<double>()[i] = g * inv;
+    else
+      grad.data<float>()[i] = static_cast<float>(g * inv);
+  }
+  res.loss = total * inv;
+  res.grad = predictions.device() == Device::CPU ? grad : grad.to_device(predictions.device());
+  return res;
+}
+
 std::vector<double> softmax_row(const Tensor& logits, int64_t row, double temperature) {
   LSTM_REQUIRE(logits.defined() && logits.dim() == 2,
                "softmax_row: expected logits [N, C], got "

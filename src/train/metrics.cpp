@@ -64,6 +64,13 @@ namespace lstm {
 nlohmann::json EvalResult::to_json() const {
   nlohmann::json j = {{"task", task},   {"data", data},         {"loss", loss},
                       {"accuracy", accuracy}, {"count", count}, {"unknown_inputs", unknown}};
+  if (regression) {
+    // The loss is on normalised targets; the errors are in the targets' original units.
+    j.erase("accuracy");
+    j["mse"] = mse;
+    j["mae"] = mae;
+    j["rmse"] = rmse;
+  }
   if (!class_names.empty()) {
     nlohmann::json classes = nlohmann::json::array();
     for (const auto& c : per_class)
@@ -83,7 +90,11 @@ nlohmann::json EvalResult::to_json() const {
 std::string EvalResult::report() const {
   std::ostringstream os;
   os << "data: " << data << "\n";
-  os << "loss " << loss << "  accuracy " << 100 * accuracy << "%  over " << count << " targets\n";
+  if (regression)
+    os << "loss " << loss << " (normalised)  MSE " << mse << "  MAE " << mae << "  RMSE " << rmse
+       << " (original units)  over " << count << " targets\n";
+  else
+    os << "loss " << loss << "  accuracy " << 100 * accuracy << "%  over " << count << " targets\n";
   if (unknown > 0)
     os << unknown << " input " << (task == "charlm" ? "character(s)" : "token(s)")
        << " not in the model's vocabulary were read as " << kUnknownToken << "\n";

@@ -26,6 +26,7 @@
 #include "lstm/parallel.hpp"
 #include "lstm/safetensors.hpp"
 #include "lstm/train.hpp"
+#include "train/tasks.hpp"
 #include "train/trained_model.hpp"
 #include "train/watch.hpp"
 #if LSTM_HAVE_CUDA
@@ -40,7 +41,8 @@ nlohmann::json default_train_config() {
   return nlohmann::json::parse(R"({
     "task": "charlm",
     "data": {"path": "", "valid_fraction": 0.05, "max_bytes": -1,
-             "label_column": "label", "sequence_column": "sequence"},
+             "label_column": "label", "sequence_column": "sequence", "tags_column": "tags",
+             "target_columns": ["target"], "input_columns": [], "horizon": 1},
     "model": {"embedding_dim": 32,
               "layers": [{"type": "lstm", "hidden_size": 256}, {"type": "dense"}]},
     "train": {"steps": 1000, "batch_size": 32, "seq_len": 64, "seed": 1, "threads": 0,
@@ -50,7 +52,7 @@ nlohmann::json default_train_config() {
               "checkpoint_every": 250, "keep_checkpoints": 3, "sample_length": 300,
               "sample_temperature": 0.8,
               "early_stopping": {"metric": "valid_loss", "patience": 0, "min_delta": 0.0},
-              "final_model": "best"}
+              "final_model": "best", "loss": "auto", "huber_delta": 1.0}
   })");
 }
 
@@ -71,168 +73,22 @@ void merge(nlohmann::json& base, const nlohmann::json& over, const std::string& 
   }
 }
 
-// The data of either task, behind one face.
-struct TaskData {
-  std::string task;
-  std::optional<CharCorpus> corpus;
-  std::optional<CsvDataset> csv;
-  std::vector<int64_t> train_idx, valid_idx;
-  Signal input;
-  int64_t outputs = 0;
-  std::map<std::string, std::string> meta;
-  std::vector<std::string> class_names;  // classify
-  std::string description;               // what valid_batch() covers, in words
-  int64_t unknown = 0;                   // inputs read as <unk> (evaluation on other data)
-
-  Batch train_batch(int64_t B, int64_t T, Rng& rng) const {
-    if (corpus) return corpus->train_batch(B, T, rng);
-    std::vector<int64_t> idx(static_cast<size_t>(B));
-    for (auto& i : idx) i = train_idx[rng.below(train_idx.size())];
-    return csv->batch(idx);
-  }
-  int64_t valid_batches(int64_t B, int64_t T) const {
-    if (corpus) return corpus->valid_batches(B, T);
-    return (static_cast<int64_t>(valid_idx.size()) + B - 1) / B;
-  }
-  Batch valid_batch(int64_t B, int64_t T, int64_t i) const {
-    if (corpus) return corpus->valid_batch(B, T, i);
-    std::vector<int64_t> idx;
-    for (int64_t k = i * B; k < std::min<int64_t>((i + 1) * B, valid_idx.size()); ++k) idx.push_back(valid_idx[k]);
-    return csv->batch(idx);
-  }
-};
-
-nlohmann::json string_list(const std::vector<std::string>& v) { return nlohmann::json(v); }
-
-std::string percent(double fraction) {
-  std::ostringstream os;
-  os << 100 * fraction << "%";
-  return os.str();
-}
-
-// `cfg` is resolved (resolve_train_config), so its fields have their types and bounds.
-TaskData load_task_data(const nlohmann::json& cfg, const std::string& path_override = "") {
-  TaskData d;
-  d.task = cfg["task"].get<std::string>();
-  std::string path = path_override.empty() ? cfg["data"]["path"].get<std::string>() : path_override;
-  LSTM_REQUIRE(!path.empty(), "config: 'data.path' is empty: give a text file or folder (charlm) or a CSV file (classify)");
-  double vf = cfg["data"]["valid_fraction"].get<double>();
-  if (d.task == "charlm") {
-    d.corpus = CharCorpus::load({path}, vf, cfg["data"]["max_bytes"].get<int64_t>());
-    d.input = {SignalKind::Tokens, d.corpus->vocab().size()};
-    d.outputs = d.corpus->vocab().size();
-    d.meta["lstm_engine.vocab"] = d.corpus->vocab().to_json().dump();
-    d.description = "the held-out last " + percent(vf) + " of the text of " + path;
-  } else if (d.task == "classify") {
-    d.csv = CsvDataset::load(path, cfg["data"]["label_column"].get<std::string>(),
-                             cfg["data"]["sequence_column"].get<std::string>());
-    Rng split_rng(cfg["train"]["seed"].get<uint64_t>() ^ 0x5151ull);
-    std::tie(d.train_idx, d.valid_idx) = d.csv->split(vf, split_rng);
-    LSTM_REQUIRE(!d.train_idx.empty(), path << ": no rows left for training after holding out " << vf << " for validation");
-    d.input = {d.csv->is_tokens() ? SignalKind::Tokens : SignalKind::Sequence, d.csv->features()};
-    d.outputs = d.csv->num_classes();
-    d.meta["lstm_engine.classes"] = string_list(d.csv->class_names()).dump();
-    if (d.csv->is_tokens()) d.meta["lstm_engine.tokens"] = string_list(d.csv->token_names()).dump();
-    d.class_names = d.csv->class_names();
-    d.description = "the held-out " + percent(vf) + " of the rows of " + path;
-  } else {
-    LSTM_THROW("config: 'task' must be \"charlm\" or \"classify\", got \"" << d.task << "\"");
-  }
-  d.meta["lstm_engine.task"] = d.task;
-  d.meta["lstm_engine.data"] = path;
-  return d;
-}
-
-nlohmann::json model_json(const nlohmann::json& cfg, const TaskData& d) {
-  nlohmann::json layers = nlohmann::json::array();
-  if (d.input.kind == SignalKind::Tokens) {
-    int64_t dim = cfg["model"].value("embedding_dim", int64_t{32});
-    layers.push_back({{"type", "embedding"}, {"num_embeddings", d.input.features}, {"embedding_dim", dim}});
-  }
-  const auto& user = cfg["model"]["layers"];
-  LSTM_REQUIRE(user.is_array() && !user.empty(), "config: 'model.layers' must be a non-empty list of layers");
-  for (size_t i = 0; i < user.size(); ++i) {
-    nlohmann::json l = user[i];
-    if (i + 1 == user.size() && field_is(l, "type", "dense") && !l.contains("out_features"))
-      l["out_features"] = d.outputs;
-    layers.push_back(l);
-  }
-  nlohmann::json input = {{"kind", signal_kind_name(d.input.kind)}, {"features", d.input.features}};
-  return {{"input", input}, {"layers", layers}, {"dtype", "F32"}};
-}
-
-// Loss of a batch from the model's output; the gradient comes back in the output's shape.
-LossResult batch_loss(const Act& out, const Batch& b, int64_t classes) {
-  if (out.data.dim() == 3) {
-    const int64_t T = out.data.size(0), B = out.data.size(1), C = out.data.size(2);
-    LSTM_REQUIRE(b.targets.shape() == (Shape{T, B}), "the model outputs a sequence " << out.data.shape_str()
-                                                                                      << " but the targets are "
-                                                                                      << b.targets.shape_str()
-                                                                                      << " (a many-to-one task needs a head such as last_step)");
-    LSTM_REQUIRE(C == classes, "the model outputs " << C << " classes, the data has " << classes);
-    std::vector<uint8_t> mask(static_cast<size_t>(T * B), 1);
-    if (!b.lengths.empty())
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t k = 0; k < B; ++k) mask[t * B + k] = t < b.lengths[k];
-    LossResult r = softmax_cross_entropy(out.data.reshape({T * B, C}), b.targets.reshape({T * B}), -100, mask);
-    r.grad = r.grad.reshape({T, B, C});
-    return r;
-  }
-  LSTM_REQUIRE(out.data.dim() == 2 && b.targets.dim() == 1 && out.data.size(0) == b.targets.size(0),
-               "the model outputs " << out.data.shape_str() << " but the targets are " << b.targets.shape_str());
-  LSTM_REQUIRE(out.data.size(1) == classes, "the model outputs " << out.data.size(1) << " classes, the data has " << classes);
-  return softmax_cross_entropy(out.data, b.targets);
-}
-
 // The validation loss (train.hpp's EvalResult says what it covers). max_batches > 0 stops early:
 // training's periodic estimate.
-EvalResult run_eval(Model& model, const TaskData& d, int64_t B, int64_t T, int64_t max_batches) {
-  EvalResult r;
-  r.task = d.task;
-  r.data = d.description;
-  r.unknown = d.unknown;
-  const bool classify = !d.corpus;
-  if (classify) {
-    r.class_names = d.class_names;
-    r.confusion = ConfusionMatrix(d.outputs);
-  }
+EvalResult run_eval(Model& model, const Task& d, int64_t B, int64_t T, int64_t max_batches) {
+  EvalSums sums = d.start_eval();
   int64_t n = d.valid_batches(B, T);
   if (max_batches > 0) n = std::min(n, max_batches);
-  double loss_sum = 0;
-  int64_t correct = 0;
   Rng unused(0);
   for (int64_t i = 0; i < n; ++i) {
     Batch b = d.valid_batch(B, T, i);
     if (b.targets.numel() == 0) continue;
     Act out = model.forward(to_act(b, model.placement().device), false, unused);
-    LossResult lr = batch_loss(out, b, d.outputs);
-    if (classify) {
-      // The logits of a batch of rows are small: the host reads them for the per-class counts.
-      const Tensor logits = out.data.cpu().to(DType::F32);
-      const int64_t rows = logits.size(0), C = logits.size(1);
-      const float* l = logits.data<float>();
-      const int64_t* y = b.targets.data<int64_t>();
-      for (int64_t k = 0; k < rows; ++k) {
-        int64_t best = 0;
-        for (int64_t c = 1; c < C; ++c)
-          if (l[k * C + c] > l[k * C + best]) best = c;
-        r.confusion.add(y[k], best);
-      }
-    }
+    LossResult lr = d.loss(out, b);
     lr.resolve();
-    loss_sum += lr.loss * static_cast<double>(lr.count);
-    r.count += lr.count;
-    correct += lr.correct;
+    d.add_eval(out, b, lr, sums);
   }
-  if (r.count) {
-    r.loss = loss_sum / static_cast<double>(r.count);
-    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.count);
-  }
-  if (classify) {
-    r.per_class = class_metrics(r.confusion, r.class_names);
-    for (const auto& c : r.per_class) r.macro_f1 += c.f1 / static_cast<double>(r.per_class.size());
-  }
-  return r;
+  return d.eval_result(sums);
 }
 
 std::string sample_text(Model& model, const Vocab& vocab, const std::string& prime, int64_t length, double temperature,
@@ -543,10 +399,45 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
   merge(cfg, user, "");
   auto name = [](const std::string& field) { return "config: '" + field + "'"; };
   const std::string task = read_string(cfg["task"], name("task"));
-  LSTM_REQUIRE(task == "charlm" || task == "classify",
-               name("task") << " must be \"charlm\" or \"classify\", got " << json_excerpt(cfg["task"]));
-  for (const char* k : {"path", "label_column", "sequence_column"})
+  LSTM_REQUIRE(task == "charlm" || task == "classify" || task == "regress" || task == "forecast" || task == "tag",
+               name("task") << " must be \"charlm\", \"classify\", \"regress\", \"forecast\" or \"tag\", got "
+                            << json_excerpt(cfg["task"]));
+  const bool regression = task == "regress" || task == "forecast";
+  for (const char* k : {"path", "label_column", "sequence_column", "tags_column"})
     read_string(cfg["data"][k], name(std::string("data.") + k));
+  // Column lists: strings, none empty or named twice; targets at least one.
+  for (const char* k : {"target_columns", "input_columns"}) {
+    const std::string field = name(std::string("data.") + k);
+    const auto& list = cfg["data"][k];
+    const bool targets = std::string(k) == "target_columns";
+    LSTM_REQUIRE(list.is_array() && (!targets || !list.empty()) && list.size() <= 65536,
+                 field << " must be a list of " << (targets ? "1" : "0") << " to 65536 column names, got "
+                       << json_excerpt(list));
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string item = name(std::string("data.") + k + "[" + std::to_string(i) + "]");
+      const std::string col = read_string(list[i], item);
+      LSTM_REQUIRE(!col.empty(), item << " is an empty column name");
+      for (size_t j = 0; j < i; ++j)
+        LSTM_REQUIRE(list[j] != list[i], field << " names the column '" << col << "' twice");
+    }
+  }
+  cfg["data"]["horizon"] = read_int(cfg["data"]["horizon"], name("data.horizon"), 1, kMaxDim);
+  {
+    const std::string loss = read_string(cfg["train"]["loss"], name("train.loss"));
+    LSTM_REQUIRE(loss == "auto" || loss == "cross_entropy" || loss == "mse" || loss == "huber",
+                 name("train.loss") << " must be \"auto\", \"cross_entropy\", \"mse\" or \"huber\", got "
+                                    << json_excerpt(cfg["train"]["loss"]));
+    if (regression)
+      LSTM_REQUIRE(loss != "cross_entropy", name("train.loss") << " of task \"" << task
+                                                               << "\" must be \"mse\" or \"huber\" (or \"auto\": mse), got \"cross_entropy\"");
+    else
+      LSTM_REQUIRE(loss == "auto" || loss == "cross_entropy",
+                   name("train.loss") << " of task \"" << task << "\" must be \"cross_entropy\" (or \"auto\"), got \""
+                                      << loss << "\" (mse and huber are for the tasks regress and forecast)");
+    cfg["train"]["loss"] = loss == "auto" ? (regression ? "mse" : "cross_entropy") : loss;
+    cfg["train"]["huber_delta"] = read_number(cfg["train"]["huber_delta"], name("train.huber_delta") + " (> 0)",
+                                              std::numeric_limits<double>::min(), std::numeric_limits<double>::max());
+  }
   read_number(cfg["data"]["valid_fraction"], name("data.valid_fraction"), 0.0, 1.0);
   cfg["data"]["max_bytes"] =
       read_int(cfg["data"]["max_bytes"], name("data.max_bytes"), -1, std::numeric_limits<int64_t>::max());
@@ -595,6 +486,10 @@ nlohmann::json resolve_train_config(const nlohmann::json& user) {
     LSTM_REQUIRE(metric == "valid_loss" || metric == "valid_accuracy",
                  name("train.early_stopping.metric") << " must be \"valid_loss\" or \"valid_accuracy\", got "
                                                      << json_excerpt(es["metric"]));
+    LSTM_REQUIRE(!regression || metric == "valid_loss",
+                 name("train.early_stopping.metric") << " of task \"" << task
+                                                     << "\" must be \"valid_loss\" (it has no accuracy), got \""
+                                                     << metric << "\"");
     es["patience"] = read_int(es["patience"], name("train.early_stopping.patience") + " (evaluations, 0 = off)", 0,
                               kMaxSteps);
     es["min_delta"] = read_number(es["min_delta"], name("train.early_stopping.min_delta"), 0.0, HUGE_VAL);
@@ -660,17 +555,17 @@ TrainResult train(const TrainOptions& opts) {
   const int64_t eval_every = tc["eval_every"], ckpt_every = tc["checkpoint_every"], eval_batches = tc["eval_batches"];
   const double clip = tc["clip_grad_norm"];
 
-  TaskData data = load_task_data(cfg);
-  Model model = Model::from_json(model_json(cfg, data));
-  require_step_fits(model, B, data.corpus ? T : data.csv->max_length(), /*training=*/true, opts.placement,
-                    data.corpus ? "train.seq_len" : "the longest sequence of " + cfg["data"]["path"].get<std::string>(),
+  const std::unique_ptr<Task> task = make_task(cfg);
+  const Task& data = *task;
+  Model model = Model::from_json(task_model_json(cfg, data));
+  require_step_fits(model, B, data.batch_steps(T), /*training=*/true, opts.placement, data.steps_from(),
                     "this training job");
   auto opt = optimizer_from_json(tc["optimizer"]);
   auto sched = schedule_from_json(tc["schedule"]);
   const uint64_t seed = tc["seed"];
   Rng data_rng(seed), model_rng(seed ^ 0x9e3779b97f4a7c15ull);
   int64_t step = 0;
-  std::map<std::string, std::string> meta = data.meta;
+  std::map<std::string, std::string> meta = data.metadata();
   meta["lstm_engine.config"] = cfg.dump();
 
   if (opts.resume) {
@@ -707,12 +602,7 @@ TrainResult train(const TrainOptions& opts) {
     if (opts.overwrite) remove_previous_run(out_dir);
   }
   log << model.summary() << "\n";
-  if (data.corpus)
-    log << "data: " << data.corpus->train_size() << " training characters, " << data.corpus->valid_size()
-        << " held out, vocabulary " << data.corpus->vocab().size() << "\n";
-  else
-    log << "data: " << data.train_idx.size() << " training sequences, " << data.valid_idx.size() << " held out, "
-        << data.outputs << " classes\n";
+  log << data.describe() << "\n";
 
   model.place(opts.placement);
   const bool gpu = opts.placement.device == Device::CUDA;
@@ -720,6 +610,7 @@ TrainResult train(const TrainOptions& opts) {
 
   TrainResult res;
   res.step = step;
+  res.regression = data.regression();
   auto params = model.parameters();
   const bool tty = ::isatty(::fileno(stderr)) && opts.log == nullptr;
   using Clock = std::chrono::steady_clock;
@@ -862,7 +753,7 @@ TrainResult train(const TrainOptions& opts) {
     Batch b = data.train_batch(B, T, data_rng);
     model.zero_grad();
     Act out = model.forward(to_act(b, opts.placement.device), true, model_rng);
-    LossResult lr = batch_loss(out, b, data.outputs);
+    LossResult lr = data.loss(out, b);
     if (gpu) {
       // No host synchronisation: loss and norm stay on the device until the next flush.
       model.backward({lr.grad, b.lengths});
@@ -911,7 +802,7 @@ TrainResult train(const TrainOptions& opts) {
       line << "step " << step << "/" << steps << " [" << std::string(static_cast<size_t>(filled), '=')
            << std::string(static_cast<size_t>(width - filled), ' ') << "] loss " << std::fixed << std::setprecision(4)
            << res.train_loss << " | lr " << std::setprecision(2) << std::scientific << lr_now
-           << std::defaultfloat << " | " << fmt_rate(rate) << (data.corpus ? " tok/s" : " seq/s") << " | ETA "
+           << std::defaultfloat << " | " << fmt_rate(rate) << " " << data.rate_unit() << " | ETA "
            << fmt_duration(left);
       if (tty)
         log << "\r" << line.str() << "   " << std::flush;
@@ -922,7 +813,7 @@ TrainResult train(const TrainOptions& opts) {
                       {"loss", res.train_loss},
                       {"lr", lr_now},
                       {"grad_norm", win_norm / static_cast<double>(win_n)},
-                      {data.corpus ? "tokens_per_s" : "samples_per_s", rate},
+                      {data.rate_key(), rate},
                       {"elapsed_s", elapsed_before + seconds_since(t_start)},
                       {"eta_s", std::isfinite(left) ? nlohmann::json(left) : nlohmann::json()}});
       win_loss = win_norm = win_seconds = 0;
@@ -937,9 +828,15 @@ TrainResult train(const TrainOptions& opts) {
       EvalResult er = run_eval(model, data, B, T, max_batches);
       res.valid_loss = er.loss;
       res.valid_accuracy = er.accuracy;
+      res.valid_mse = er.mse;
+      res.valid_mae = er.mae;
+      res.valid_rmse = er.rmse;
       if (er.count == 0) {
-        log << (tty ? "\n" : "") << "eval at step " << step << ": skipped, the held-out split has no complete window of "
-            << T << " steps\n";
+        if (data.corpus())
+          log << (tty ? "\n" : "") << "eval at step " << step
+              << ": skipped, the held-out split has no complete window of " << T << " steps\n";
+        else
+          log << (tty ? "\n" : "") << "eval at step " << step << ": skipped, nothing is held out (data.valid_fraction)\n";
       } else {
         // The best model is chosen among numbers of one definition: with train.eval_batches set,
         // the periodic evaluations are estimates over the first eval_batches batches, so the final
@@ -952,6 +849,10 @@ TrainResult train(const TrainOptions& opts) {
           auto m = model_meta(step);
           m["lstm_engine.valid_loss"] = nlohmann::json(er.loss).dump();
           m["lstm_engine.valid_accuracy"] = nlohmann::json(er.accuracy).dump();
+          if (er.regression) {
+            m["lstm_engine.valid_mse"] = nlohmann::json(er.mse).dump();
+            m["lstm_engine.valid_mae"] = nlohmann::json(er.mae).dump();
+          }
           try {
             fs::create_directories(best_path.parent_path());
             save_model(best_path.string(), model, m);
@@ -960,20 +861,34 @@ TrainResult train(const TrainOptions& opts) {
                                      << e.what());
           }
         }
-        log << (tty ? "\n" : "") << "eval at step " << step << ": loss " << std::fixed << std::setprecision(4) << er.loss
-            << ", accuracy " << std::setprecision(2) << 100 * er.accuracy << "% over " << er.count << " targets"
-            << std::defaultfloat
+        log << (tty ? "\n" : "") << "eval at step " << step << ": loss ";
+        if (er.regression)
+          // The loss is what training minimises (normalised targets); the errors are in the data's units.
+          log << std::setprecision(4) << er.loss << " (" << tc["loss"].get<std::string>() << ", normalised); MSE "
+              << er.mse << ", MAE " << er.mae << ", RMSE " << er.rmse << " (original units) over " << er.count
+              << " targets";
+        else
+          log << std::fixed << std::setprecision(4) << er.loss << ", accuracy " << std::setprecision(2)
+              << 100 * er.accuracy << "% over " << er.count << " targets";
+        log << std::defaultfloat
             << (partial ? " (estimate: the first " + std::to_string(max_batches) + " held-out batches)"
                         : std::string(" (all held-out)"))
             << (improved ? " (best so far)" : "") << "\n";
-        metrics.append({{"kind", "eval"},
-                        {"step", step},
-                        {"valid_loss", er.loss},
-                        {"valid_accuracy", er.accuracy},
-                        {"valid_targets", er.count},
-                        {"best", improved},
-                        {"best_step", best.best_step},
-                        {"elapsed_s", elapsed_before + seconds_since(t_start)}});
+        nlohmann::json rec = {{"kind", "eval"},
+                              {"step", step},
+                              {"valid_loss", er.loss},
+                              {"valid_accuracy", er.accuracy},
+                              {"valid_targets", er.count},
+                              {"best", improved},
+                              {"best_step", best.best_step},
+                              {"elapsed_s", elapsed_before + seconds_since(t_start)}};
+        if (er.regression) {
+          rec.erase("valid_accuracy");
+          rec["valid_mse"] = er.mse;
+          rec["valid_mae"] = er.mae;
+          rec["valid_rmse"] = er.rmse;
+        }
+        metrics.append(rec);
         if (best.should_stop() && !last) {
           stopped_early = true;
           ckpt_now = true;
@@ -1013,11 +928,11 @@ TrainResult train(const TrainOptions& opts) {
   res.stopped_early = stopped_early;
   fill_best();
   save_final(step);
-  if (data.corpus && tc["sample_length"].get<int64_t>() > 0) {
+  if (data.corpus() && tc["sample_length"].get<int64_t>() > 0) {
     // From the weights model.safetensors holds.
     if (res.final_model == "best") model.load_state_dict(read_safetensors(best_path.string()).tensors, true);
     Rng srng(seed + 17);
-    res.sample = sample_text(model, data.corpus->vocab(), "", tc["sample_length"], tc["sample_temperature"], srng);
+    res.sample = sample_text(model, data.corpus()->vocab(), "", tc["sample_length"], tc["sample_temperature"], srng);
   }
   return res;
 }
@@ -1104,33 +1019,6 @@ CsvSchema stored_csv_schema(const TrainedModel& m) {
   return s;
 }
 
-namespace {
-
-// The data `lstm eval --data FILE` scores: all of it, read with the model's vocabulary and classes.
-TaskData load_eval_data(const TrainedModel& m, const std::string& path) {
-  TaskData d;
-  d.task = m.task;
-  d.meta["lstm_engine.data"] = path;
-  d.description = "all of " + path;
-  if (m.task == "charlm") {
-    d.corpus = CharCorpus::load_for_eval({path}, stored_vocab(m));
-    d.outputs = d.corpus->vocab().size();
-    d.unknown = d.corpus->unknown_chars();
-  } else {
-    const CsvSchema schema = stored_csv_schema(m);
-    d.csv = CsvDataset::load(path, schema, m.config["data"]["label_column"].get<std::string>(),
-                             m.config["data"]["sequence_column"].get<std::string>());
-    d.valid_idx.resize(static_cast<size_t>(d.csv->size()));
-    for (int64_t i = 0; i < d.csv->size(); ++i) d.valid_idx[static_cast<size_t>(i)] = i;
-    d.outputs = static_cast<int64_t>(schema.class_names.size());
-    d.class_names = schema.class_names;
-    d.unknown = d.csv->unknown_tokens();
-  }
-  return d;
-}
-
-}  // namespace
-
 EvalResult evaluate_model(const std::string& model_path, const std::string& data_path, int64_t batch_size,
                           int64_t seq_len, const Placement& placement, bool allow_nonfinite) {
   checked_size(batch_size, 0, kMaxDim, "evaluation batch size");
@@ -1138,26 +1026,16 @@ EvalResult evaluate_model(const std::string& model_path, const std::string& data
   TrainedModel m = load_trained_model(model_path, placement, allow_nonfinite);
   if (batch_size == 0) batch_size = m.config["train"]["batch_size"].get<int64_t>();
   if (seq_len == 0) seq_len = m.config["train"]["seq_len"].get<int64_t>();
-  TaskData d;
+  std::unique_ptr<Task> d;
   if (data_path.empty()) {
-    d = load_task_data(m.config);
+    d = make_task(m.config);
     // The split is the one training held out only when the data is still the same.
-    for (const char* key : {"lstm_engine.vocab", "lstm_engine.classes", "lstm_engine.tokens"}) {
-      auto a = m.meta.find(key);
-      auto b = d.meta.find(key);
-      if (a != m.meta.end() && b != d.meta.end())
-        LSTM_REQUIRE(a->second == b->second, "the training data " << d.meta.at("lstm_engine.data")
-                                                                  << " changed since the model was trained (its "
-                                                                  << std::string(key).substr(12)
-                                                                  << " differ from the model's), so its held-out "
-                                                                     "split is not the one training used: give --data "
-                                                                     "to evaluate on a file of your choice");
-    }
+    d->adopt_model_metadata(m.meta, m.path);
   } else {
-    d = load_eval_data(m, data_path);
+    d = make_eval_task(m, data_path);
   }
-  EvalResult r = run_eval(m.model, d, batch_size, seq_len, 0);
-  LSTM_REQUIRE(r.count > 0, "nothing to evaluate: " << d.description << " has no complete window of " << seq_len
+  EvalResult r = run_eval(m.model, *d, batch_size, seq_len, 0);
+  LSTM_REQUIRE(r.count > 0, "nothing to evaluate: " << d->description() << " has no complete window of " << seq_len
                                                    << " steps (try a smaller --seq-len)");
   return r;
 }
