@@ -345,3 +345,281 @@ TEST_F(PredictCli, InputRefusedAtOnceWritesNothingAndLeavesNoFile) {
                         (dir / "bad.csv").string());
   EXPECT_THAT(same.out, HasSubstr("is the input file itself"));
 }
+
+// ---- regress, tag, forecast ----
+
+namespace {
+
+// Numeric rows: 2..7 steps of one number each; y = 100 + 10 * (their sum) (far from 0: predictions
+// not put back into original units would be off by ~100).
+void write_numeric_regress(const fs::path& p, int rows, uint64_t seed) {
+  Rng rng(seed);
+  std::string s = "id,sequence,y\n";
+  for (int i = 0; i < rows; ++i) {
+    const int n = 2 + static_cast<int>(rng.below(6));
+    double sum = 0;
+    std::string seq;
+    for (int t = 0; t < n; ++t) {
+      const double v = static_cast<double>(rng.below(100)) / 100.0;
+      sum += v;
+      if (t) seq += ' ';
+      seq += std::to_string(v);
+    }
+    s += 'r';
+    s += std::to_string(i);
+    s += ',';
+    s += seq;
+    s += ',';
+    s += std::to_string(100 + 10 * sum);
+    s += '\n';
+  }
+  write_text(p, s);
+}
+
+// Token rows over {a, b, c}: regress targets n = the number of a's; tags the parity of the a's so far.
+void write_token_rows(const fs::path& p, int rows, uint64_t seed, bool tags) {
+  Rng rng(seed);
+  std::string s = tags ? "id,sequence,tags\n" : "id,sequence,n\n";
+  for (int i = 0; i < rows; ++i) {
+    const int n = 2 + static_cast<int>(rng.below(7));
+    int a = 0;
+    std::string seq, tag;
+    for (int t = 0; t < n; ++t) {
+      const char c = "abc"[rng.below(3)];
+      a += c == 'a';
+      seq += std::string(t ? " " : "") + c;
+      tag += std::string(t ? " " : "") + (a % 2 ? "odd" : "even");
+    }
+    s += std::to_string(i) + "," + seq + "," + (tags ? tag : std::to_string(a)) + "\n";
+  }
+  write_text(p, s);
+}
+
+double sine(int t) { return 50 + 3 * std::sin(2 * M_PI * t / 20.0); }
+
+void write_sine(const fs::path& p, int steps) {
+  std::string s = "t,s\n";
+  for (int t = 0; t < steps; ++t) s += std::to_string(t) + "," + std::to_string(sine(t)) + "\n";
+  write_text(p, s);
+}
+
+std::vector<nlohmann::json> jsonl_of(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream is(out);
+  for (std::string line; std::getline(is, line);)
+    if (line.rfind("lstm predict:", 0) != 0 && !line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+}  // namespace
+
+class PredictTasksCli : public ::testing::Test {
+ protected:
+  static inline fs::path dir;
+  static inline std::string train_out;
+
+  static std::string train(const std::string& name, const nlohmann::json& cfg) {
+    write_text(dir / (name + ".json"), cfg.dump());
+    return run_cli("train --threads 1 --config " + (dir / (name + ".json")).string() + " --out " + (dir / name).string())
+        .out;
+  }
+  static nlohmann::json train_cfg(int steps, int seq_len = 0) {
+    nlohmann::json t = {{"steps", steps}, {"batch_size", 16}, {"eval_every", 0}, {"log_every", steps},
+                        {"checkpoint_every", 0}, {"optimizer", {{"type", "adam"}}},
+                        {"schedule", {{"type", "constant"}, {"lr", 0.01}}}};
+    if (seq_len) t["seq_len"] = seq_len;
+    return t;
+  }
+
+  static void SetUpTestSuite() {
+    dir = lstm::testing::temp_dir("lstm_cli_predict", "tasks");
+    write_numeric_regress(dir / "reg.csv", 120, 3);
+    write_token_rows(dir / "regtok.csv", 120, 4, false);
+    write_token_rows(dir / "tag.csv", 160, 5, true);
+    write_sine(dir / "sine.csv", 400);
+    const nlohmann::json head = {{{"type", "lstm"}, {"hidden_size", 12}, {"output", "h_n"}}, {{"type", "dense"}}};
+    train_out += train("reg", {{"task", "regress"},
+                               {"data", {{"path", (dir / "reg.csv").string()}, {"target_columns", {"y"}}, {"valid_fraction", 0.2}}},
+                               {"model", {{"layers", head}}},
+                               {"train", train_cfg(30)}});
+    train_out += train("regtok", {{"task", "regress"},
+                                  {"data", {{"path", (dir / "regtok.csv").string()}, {"target_columns", {"n"}}, {"valid_fraction", 0.2}}},
+                                  {"model", {{"embedding_dim", 4}, {"layers", head}}},
+                                  {"train", train_cfg(20)}});
+    train_out += train("tag", {{"task", "tag"},
+                               {"data", {{"path", (dir / "tag.csv").string()}, {"valid_fraction", 0.2}}},
+                               {"model", {{"embedding_dim", 4}, {"layers", {{{"type", "lstm"}, {"hidden_size", 12}}, {{"type", "dense"}}}}}},
+                               {"train", train_cfg(30)}});
+    train_out += train("fc", {{"task", "forecast"},
+                              {"data", {{"path", (dir / "sine.csv").string()}, {"target_columns", {"s"}}, {"horizon", 3}, {"valid_fraction", 0.1}}},
+                              {"model", {{"layers", head}}},
+                              {"train", train_cfg(300, 20)}});
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir); }
+  void SetUp() override {
+    size_t n = 0;
+    for (size_t at = 0; (at = train_out.find("final validation loss", at)) != std::string::npos; ++at) ++n;
+    ASSERT_EQ(n, 4u) << train_out;
+  }
+  static std::string run(const std::string& name) { return (dir / name).string(); }
+  static std::string file(const std::string& name) { return (dir / name).string(); }
+};
+
+TEST_F(PredictTasksCli, RegressValuesInOriginalUnitsAgreeWithEvalAndStream) {
+  write_numeric_regress(dir / "reg_test.csv", 23, 99);
+  const auto input = parse_csv(read_text(dir / "reg_test.csv"), "reg_test.csv");
+  CliRun r = run_cli("predict --model " + run("reg") + " --data " + file("reg_test.csv") + " --batch-size 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rec = csv_of(r.out);
+  ASSERT_EQ(rec.size(), input.size()) << r.out;
+  EXPECT_EQ(rec[0].fields, (std::vector<std::string>{"id", "y"}));
+  double sq = 0;
+  std::vector<double> pred;
+  for (size_t i = 1; i < rec.size(); ++i) {
+    ASSERT_EQ(rec[i].fields.size(), 2u);
+    EXPECT_EQ(rec[i].fields[0], input[i].fields[0]);  // ids in input order
+    pred.push_back(std::stod(rec[i].fields[1]));
+    const double e = pred.back() - std::stod(input[i].fields[2]);
+    sq += e * e;
+    EXPECT_GT(pred.back(), 80.0) << "row " << i << ": not in the targets' original units (they are ~100..170)";
+  }
+  // The same numbers eval scores: its MSE (original units, inputs normalised as in training) is
+  // the predictions' MSE against the file's targets.
+  CliRun e = run_cli("eval --model " + run("reg") + " --data " + file("reg_test.csv") + " --json");
+  ASSERT_EQ(e.code, 0) << e.out;
+  const double mse = json_of(e.out)["mse"];
+  EXPECT_NEAR(sq / static_cast<double>(pred.size()), mse, 1e-4 * mse) << e.out;
+  // One chunk gives the same values; JSON Lines carries them per column.
+  CliRun big = run_cli("predict --model " + run("reg") + " --data " + file("reg_test.csv") + " --format jsonl");
+  ASSERT_EQ(big.code, 0) << big.out;
+  const auto j = jsonl_of(big.out);
+  ASSERT_EQ(j.size(), pred.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    EXPECT_EQ(j[i]["id"], input[i + 1].fields[0]);
+    EXPECT_NEAR(j[i]["values"]["y"].get<double>(), pred[i], 1e-4) << "row " << i;
+  }
+  // The target column need not be there.
+  write_text(dir / "reg_notarget.csv", "sequence\n0.5 0.25\n0.1\n");
+  CliRun nt = run_cli("predict --model " + run("reg") + " --data " + file("reg_notarget.csv"));
+  ASSERT_EQ(nt.code, 0) << nt.out;
+  const auto nrec = csv_of(nt.out);
+  ASSERT_EQ(nrec.size(), 3u);
+  EXPECT_EQ(nrec[1].fields[0], "1");
+  EXPECT_EQ(nrec[2].fields[0], "2");
+}
+
+TEST_F(PredictTasksCli, TagALabelPerStepAgreeingWithEval) {
+  write_token_rows(dir / "tag_test.csv", 19, 77, true);
+  const auto input = parse_csv(read_text(dir / "tag_test.csv"), "tag_test.csv");
+  CliRun r = run_cli("predict --model " + run("tag") + " --data " + file("tag_test.csv") + " --batch-size 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rec = csv_of(r.out);
+  ASSERT_EQ(rec.size(), input.size()) << r.out;
+  EXPECT_EQ(rec[0].fields, (std::vector<std::string>{"id", "tags"}));
+  int64_t steps = 0, right = 0;
+  std::vector<std::vector<std::string>> tags;
+  for (size_t i = 1; i < rec.size(); ++i) {
+    ASSERT_EQ(rec[i].fields.size(), 2u);
+    EXPECT_EQ(rec[i].fields[0], input[i].fields[0]);
+    std::istringstream a(rec[i].fields[1]), want(input[i].fields[2]), seq(input[i].fields[1]);
+    std::vector<std::string> got{std::istream_iterator<std::string>(a), {}};
+    std::vector<std::string> truth{std::istream_iterator<std::string>(want), {}};
+    std::vector<std::string> s{std::istream_iterator<std::string>(seq), {}};
+    ASSERT_EQ(got.size(), s.size()) << "row " << i << ": one label per step";
+    for (size_t t = 0; t < got.size(); ++t) {
+      EXPECT_TRUE(got[t] == "even" || got[t] == "odd") << got[t];
+      right += got[t] == truth[t];
+    }
+    steps += static_cast<int64_t>(got.size());
+    tags.push_back(got);
+  }
+  CliRun e = run_cli("eval --model " + run("tag") + " --data " + file("tag_test.csv") + " --json");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_EQ(json_of(e.out)["count"], steps);
+  EXPECT_NEAR(json_of(e.out)["accuracy"].get<double>(), static_cast<double>(right) / static_cast<double>(steps), 1e-9);
+  // JSON Lines, one chunk: the same tags, and per step probabilities over the tags summing to 1
+  // with the tag the most probable.
+  CliRun j = run_cli("predict --model " + run("tag") + " --data " + file("tag_test.csv") + " --format jsonl --batch-size 64");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto lines = jsonl_of(j.out);
+  ASSERT_EQ(lines.size(), tags.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["tags"].get<std::vector<std::string>>(), tags[i]) << "row " << i;
+    ASSERT_EQ(lines[i]["probabilities"].size(), tags[i].size());
+    for (size_t t = 0; t < tags[i].size(); ++t) {
+      const auto& p = lines[i]["probabilities"][t];
+      const double even = p["even"], odd = p["odd"];
+      EXPECT_NEAR(even + odd, 1.0, 1e-9);
+      EXPECT_EQ(tags[i][t], even >= odd ? "even" : "odd");
+    }
+  }
+}
+
+TEST_F(PredictTasksCli, UnknownTokensAreUnkForRegressAndTagAndAnUnknownTagIsAnError) {
+  for (const char* m : {"regtok", "tag"}) {
+    write_text(dir / "unk.csv", "sequence\na zz b\nb\n");
+    write_text(dir / "unk_lit.csv", "sequence\na <unk> b\nb\n");
+    CliRun r = run_cli("predict --model " + run(m) + " --data " + file("unk.csv"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("1 input token(s) not in the model's vocabulary were read as <unk>")) << m;
+    CliRun lit = run_cli("predict --model " + run(m) + " --data " + file("unk_lit.csv"));
+    ASSERT_EQ(lit.code, 0) << lit.out;
+    EXPECT_EQ(csv_of(lit.out)[1].fields, csv_of(r.out)[1].fields) << m;
+  }
+  // eval --data: tokens the model lacks are <unk> as for classify.
+  write_text(dir / "regtok_unk.csv", "sequence,n\na zz a,2\nb c,0\n");
+  CliRun er = run_cli("eval --model " + run("regtok") + " --data " + file("regtok_unk.csv") + " --json");
+  ASSERT_EQ(er.code, 0) << er.out;
+  EXPECT_EQ(json_of(er.out)["unknown_inputs"], 1);
+  EXPECT_EQ(json_of(er.out)["count"], 2);
+  write_text(dir / "tag_unk.csv", "sequence,tags\na zz,odd odd\nb,even\n");
+  CliRun et = run_cli("eval --model " + run("tag") + " --data " + file("tag_unk.csv") + " --json");
+  ASSERT_EQ(et.code, 0) << et.out;
+  EXPECT_EQ(json_of(et.out)["unknown_inputs"], 1);
+  EXPECT_EQ(json_of(et.out)["count"], 3);
+  // A tag the model does not know is an error naming it and where it is.
+  write_text(dir / "tag_bad.csv", "sequence,tags\na b,odd odd\nb a,even maybe\n");
+  CliRun bad = run_cli("eval --model " + run("tag") + " --data " + file("tag_bad.csv"));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.out, HasSubstr("tag_bad.csv:3: unknown tag 'maybe' at step 2 of column 'tags'"));
+  // A model from before <unk> was reserved refuses the unknown token by name.
+  SafetensorsFile f = read_safetensors((dir / "regtok" / "model.safetensors").string());
+  nlohmann::json v = nlohmann::json::parse(f.metadata.at("lstm_engine.tokens"));
+  ASSERT_EQ(v.back(), "<unk>");
+  v.back() = "Q";
+  f.metadata["lstm_engine.tokens"] = v.dump();
+  write_safetensors((dir / "regtok_old.safetensors").string(), f.tensors, f.metadata);
+  CliRun old = run_cli("predict --model " + file("regtok_old.safetensors") + " --data " + file("unk.csv"));
+  EXPECT_EQ(old.code, 1);
+  EXPECT_THAT(old.out, HasSubstr("unk.csv:2: step 2 of column 'sequence' is the token 'zz'"));
+}
+
+TEST_F(PredictTasksCli, ForecastTheStepsAfterTheEndOfTheSeries) {
+  write_sine(dir / "sine_head.csv", 301);  // rows 0..300: the forecast is of steps 301..303
+  CliRun r = run_cli("predict --model " + run("fc") + " --data " + file("sine_head.csv"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rec = csv_of(r.out);
+  ASSERT_EQ(rec.size(), 4u) << r.out;
+  EXPECT_EQ(rec[0].fields, (std::vector<std::string>{"step", "s"}));
+  for (int h = 1; h <= 3; ++h) {
+    EXPECT_EQ(rec[static_cast<size_t>(h)].fields[0], std::to_string(h));
+    // Original units (the series is 50 +- 3), close to the truth the model learned.
+    EXPECT_NEAR(std::stod(rec[static_cast<size_t>(h)].fields[1]), sine(300 + h), 0.6) << "step " << h << "\n" << r.out;
+  }
+  // Another end, another forecast: it follows the series' last rows.
+  write_sine(dir / "sine_head2.csv", 306);
+  CliRun r2 = run_cli("predict --model " + run("fc") + " --data " + file("sine_head2.csv") + " --format jsonl");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  const auto j = jsonl_of(r2.out);
+  ASSERT_EQ(j.size(), 3u);
+  for (int h = 1; h <= 3; ++h) {
+    EXPECT_EQ(j[static_cast<size_t>(h - 1)]["step"], h);
+    EXPECT_NEAR(j[static_cast<size_t>(h - 1)]["values"]["s"].get<double>(), sine(305 + h), 0.6) << "step " << h;
+  }
+  // Fewer rows than the context.
+  write_sine(dir / "sine_short.csv", 19);
+  CliRun s = run_cli("predict --model " + run("fc") + " --data " + file("sine_short.csv"));
+  EXPECT_EQ(s.code, 1);
+  EXPECT_THAT(s.out, HasSubstr("sine_short.csv: the series has 19 rows, but the model forecasts from the last "
+                               "train.seq_len = 20 rows"));
+}

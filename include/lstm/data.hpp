@@ -125,6 +125,10 @@ class CsvDataset {
   // that is not one of schema.class_names is an error naming it, the file and the line.
   static CsvDataset load(const std::string& path, const CsvSchema& schema, const std::string& label_column,
                          const std::string& sequence_column);
+  // Every row of `path` read with a trained model's schema, its targets as `spec` says (Label,
+  // Tags: names of schema.class_names, another is an error naming it, the file and the line;
+  // Values: numbers). Tokens not in schema.token_names are read as its kUnknownToken.
+  static CsvDataset load(const std::string& path, const CsvSchema& schema, const CsvSpec& spec);
   CsvSchema schema() const;
   int64_t unknown_tokens() const { return unknown_tokens_; }  // tokens read as kUnknownToken
   int64_t size() const { return static_cast<int64_t>(sequences_.size()); }
@@ -173,6 +177,9 @@ class CsvChunkReader {
   // the header names is passed through as the rows' ids.
   CsvChunkReader(const std::string& path, CsvSchema schema, const std::string& sequence_column,
                  const std::string& label_column = "", const std::string& id_column = "id");
+  // The same, reading the targets `spec` names as CsvDataset::load(path, schema, spec) does (an
+  // empty spec.target_columns: none, as with an empty label_column).
+  CsvChunkReader(const std::string& path, CsvSchema schema, const CsvSpec& spec, const std::string& id_column = "id");
   CsvChunkReader(CsvChunkReader&&) noexcept;
   ~CsvChunkReader();
   // Replaces `rows` with the next up to max_rows (>= 1) rows of the file and returns how many (0 at

@@ -414,14 +414,15 @@ CsvDataset CsvDataset::load(const std::string& path, const CsvSpec& spec) {
 CsvSchema CsvDataset::schema() const { return {class_names_, tokens_, token_names_, tokens_ ? 0 : features_}; }
 
 struct CsvChunkReader::Impl {
-  Impl(CsvReader r, std::string p, CsvSchema s, std::string label, std::string sequence)
-      : reader(std::move(r)), path(std::move(p)), schema(std::move(s)), label_column(std::move(label)),
-        sequence_column(std::move(sequence)) {}
+  Impl(CsvReader r, std::string p, CsvSchema s, CsvSpec sp)
+      : reader(std::move(r)), path(std::move(p)), schema(std::move(s)), spec(std::move(sp)) {}
   CsvReader reader;
   std::string path;
   CsvSchema schema;
-  std::string label_column, sequence_column;
-  size_t columns = 0, label_col = std::string::npos, seq_col = 0, id_col = std::string::npos;
+  CsvSpec spec;  // target_columns empty: no target read (labels -100)
+  const std::string& sequence_column = spec.sequence_column;
+  size_t columns = 0, seq_col = 0, id_col = std::string::npos;
+  std::vector<size_t> target_cols;
   std::unordered_map<std::string, int64_t> class_id, token_id;
   int64_t unk = -1;
   int64_t rows = 0, unknown_tokens = 0;
@@ -430,13 +431,24 @@ struct CsvChunkReader::Impl {
 
 CsvChunkReader::CsvChunkReader(const std::string& path, CsvSchema schema, const std::string& sequence_column,
                                const std::string& label_column, const std::string& id_column)
-    : impl_(std::make_unique<Impl>(CsvReader::open(path), path, std::move(schema), label_column, sequence_column)) {
+    : CsvChunkReader(path, std::move(schema),
+                     CsvSpec{sequence_column, CsvTarget::Label,
+                             label_column.empty() ? std::vector<std::string>{} : std::vector<std::string>{label_column}},
+                     id_column) {}
+
+CsvChunkReader::CsvChunkReader(const std::string& path, CsvSchema schema, const CsvSpec& spec,
+                               const std::string& id_column)
+    : impl_(std::make_unique<Impl>(CsvReader::open(path), path, std::move(schema), spec)) {
   Impl& m = *impl_;
   LSTM_REQUIRE(m.schema.tokens || m.schema.features >= 1,
                "CsvChunkReader: a numeric schema needs features >= 1, got " << m.schema.features);
+  LSTM_REQUIRE(spec.target == CsvTarget::Values || spec.target_columns.size() <= 1,
+               "CsvChunkReader: expected at most one label or tags column, got " << spec.target_columns.size());
+  const char* role = spec.target == CsvTarget::Label ? "label" : spec.target == CsvTarget::Tags ? "tags" : "target";
   CsvRecord head;
-  LSTM_REQUIRE(m.reader.next(head), path << ": the file is empty, expected a header row naming the column '"
-                                         << sequence_column << "'" << (label_column.empty() ? "" : " and '" + label_column + "'"));
+  std::string wanted = "'" + spec.sequence_column + "'";
+  for (const auto& c : spec.target_columns) wanted += " and '" + c + "'";
+  LSTM_REQUIRE(m.reader.next(head), path << ": the file is empty, expected a header row naming the column " << wanted);
   std::vector<std::string> header;
   for (const auto& f : head.fields) header.emplace_back(trim(f));
   m.columns = header.size();
@@ -444,13 +456,14 @@ CsvChunkReader::CsvChunkReader(const std::string& path, CsvSchema schema, const 
     const auto it = std::find(header.begin(), header.end(), name);
     return it == header.end() ? std::string::npos : static_cast<size_t>(it - header.begin());
   };
-  m.seq_col = find(sequence_column);
-  LSTM_REQUIRE(m.seq_col != std::string::npos, path << ":" << head.line << ": no sequence column '" << sequence_column
+  m.seq_col = find(spec.sequence_column);
+  LSTM_REQUIRE(m.seq_col != std::string::npos, path << ":" << head.line << ": no sequence column '" << spec.sequence_column
                                                      << "' in the header; available columns: " << join(header));
-  if (!label_column.empty()) {
-    m.label_col = find(label_column);
-    LSTM_REQUIRE(m.label_col != std::string::npos, path << ":" << head.line << ": no label column '" << label_column
-                                                         << "' in the header; available columns: " << join(header));
+  for (const auto& c : spec.target_columns) {
+    m.target_cols.push_back(find(c));
+    LSTM_REQUIRE(m.target_cols.back() != std::string::npos, path << ":" << head.line << ": no " << role << " column '"
+                                                                  << c << "' in the header; available columns: "
+                                                                  << join(header));
   }
   if (!id_column.empty()) m.id_col = find(id_column);
   for (size_t c = 0; c < m.schema.class_names.size(); ++c)
@@ -472,6 +485,8 @@ int64_t CsvChunkReader::next(int64_t max_rows, CsvDataset& out, std::vector<std:
   out = CsvDataset();
   out.tokens_ = m.schema.tokens;
   out.features_ = m.schema.tokens ? static_cast<int64_t>(m.schema.token_names.size()) : m.schema.features;
+  if (!m.target_cols.empty()) out.target_ = m.spec.target;
+  if (out.target_ == CsvTarget::Values) out.value_names_ = m.spec.target_columns;
   ids.clear();
   CsvRecord rec;
   while (out.size() < max_rows && m.reader.next(rec)) {
@@ -480,12 +495,13 @@ int64_t CsvChunkReader::next(int64_t max_rows, CsvDataset& out, std::vector<std:
                  m.path << ":" << rec.line << ": expected " << m.columns << " fields as in the header, got "
                         << rec.fields.size() << " (a field holding commas must be quoted)");
     int64_t label = -100;
-    if (m.label_col != std::string::npos) {
-      const std::string label_text(trim(rec.fields[m.label_col]));
-      LSTM_REQUIRE(!label_text.empty(), m.path << ":" << rec.line << ": empty label in column '" << m.label_column << "'");
+    if (m.spec.target == CsvTarget::Label && !m.target_cols.empty()) {
+      const std::string& column = m.spec.target_columns[0];
+      const std::string label_text(trim(rec.fields[m.target_cols[0]]));
+      LSTM_REQUIRE(!label_text.empty(), m.path << ":" << rec.line << ": empty label in column '" << column << "'");
       auto it = m.class_id.find(label_text);
       LSTM_REQUIRE(it != m.class_id.end(), m.path << ":" << rec.line << ": unknown class '" << printable(label_text)
-                                                  << "' in column '" << m.label_column << "': the model knows "
+                                                  << "' in column '" << column << "': the model knows "
                                                   << m.class_id.size() << " classes (" << join(m.schema.class_names)
                                                   << ")");
       label = it->second;
@@ -530,6 +546,26 @@ int64_t CsvChunkReader::next(int64_t max_rows, CsvDataset& out, std::vector<std:
         }
       }
     }
+    if (m.spec.target == CsvTarget::Tags && !m.target_cols.empty()) {
+      const std::string& column = m.spec.target_columns[0];
+      const auto tags = split_ws(rec.fields[m.target_cols[0]]);
+      LSTM_REQUIRE(tags.size() == steps.size(), m.path << ":" << rec.line << ": column '" << column << "' has "
+                                                       << tags.size() << " tags but column '" << m.sequence_column
+                                                       << "' has " << steps.size() << " steps; expected one tag per step");
+      std::vector<int64_t> row;
+      for (size_t t = 0; t < tags.size(); ++t) {
+        auto it = m.class_id.find(std::string(tags[t]));
+        LSTM_REQUIRE(it != m.class_id.end(), m.path << ":" << rec.line << ": unknown tag '" << printable(tags[t])
+                                                    << "' at step " << t + 1 << " of column '" << column
+                                                    << "': the model knows " << m.class_id.size() << " tags ("
+                                                    << join(m.schema.class_names) << ")");
+        row.push_back(it->second);
+      }
+      out.tags_.push_back(std::move(row));
+    }
+    if (m.spec.target == CsvTarget::Values)
+      for (size_t k = 0; k < m.target_cols.size(); ++k)
+        out.values_.push_back(column_number(rec.fields[m.target_cols[k]], m.path, rec.line, m.spec.target_columns[k]));
     out.sequences_.push_back(std::move(seq));
     out.labels_.push_back(label);
     ids.push_back(m.id_col != std::string::npos ? std::string(trim(rec.fields[m.id_col])) : std::to_string(m.rows));
@@ -548,6 +584,22 @@ CsvDataset CsvDataset::load(const std::string& path, const CsvSchema& schema, co
   reader.next(std::numeric_limits<int64_t>::max(), d, ids);
   LSTM_REQUIRE(d.size() > 0, path << ": no data rows after the header");
   d.class_names_ = schema.class_names;
+  d.token_names_ = schema.token_names;
+  d.unknown_tokens_ = reader.unknown_tokens();
+  return d;
+}
+
+CsvDataset CsvDataset::load(const std::string& path, const CsvSchema& schema, const CsvSpec& spec) {
+  LSTM_REQUIRE(!spec.target_columns.empty(), "CsvDataset::load: no target column named");
+  for (const auto& c : spec.target_columns)
+    LSTM_REQUIRE(c != spec.sequence_column, "CsvDataset::load: the target and sequence columns must differ, both are '"
+                                                << c << "'");
+  CsvChunkReader reader(path, schema, spec, "");
+  CsvDataset d;
+  std::vector<std::string> ids;
+  reader.next(std::numeric_limits<int64_t>::max(), d, ids);
+  LSTM_REQUIRE(d.size() > 0, path << ": no data rows after the header");
+  if (spec.target != CsvTarget::Values) d.class_names_ = schema.class_names;
   d.token_names_ = schema.token_names;
   d.unknown_tokens_ = reader.unknown_tokens();
   return d;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <vector>
@@ -46,7 +48,9 @@ struct Record {
 class Predictor {
  public:
   virtual ~Predictor() = default;
-  // The CSV header after "id".
+  // The first column's name (CSV header, JSON key): "id", or "step" for a forecast.
+  virtual const char* id_column() const { return "id"; }
+  // The CSV header after the id column.
   virtual std::vector<std::string> columns() const = 0;
   // Reads up to max_rows more input rows, runs the model on them and appends a record per row to
   // `out` (cleared first); returns how many (0: the input is done).
@@ -265,6 +269,239 @@ class CharLmPredictor final : public Predictor {
   int64_t line_no_ = 0, first_line_ = 1, unknown_ = 0;
 };
 
+// ---- regress, tag, forecast: shared pieces ----
+
+// A number in original units, written with the fewest digits that read back as the same float.
+std::string format_value(double v) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, static_cast<float>(v));
+  return ec == std::errc() ? std::string(buf, end) : format_prob(v);
+}
+
+// The normalisation statistics a regress or forecast model stores ("lstm_engine.normalization"):
+// inputs (numeric models only) and targets, exactly as training and evaluation apply them.
+struct StoredNormalization {
+  std::optional<Normalization> inputs;
+  Normalization targets;
+};
+
+StoredNormalization stored_normalization(const TrainedModel& m) {
+  constexpr const char* key = "lstm_engine.normalization";
+  auto it = m.meta.find(key);
+  LSTM_REQUIRE(it != m.meta.end(), m.path << ": no normalisation statistics in its metadata (\"" << key
+                                          << "\"), which a regression or forecasting model needs");
+  const std::string what = m.path + ": metadata \"" + key + "\"";
+  const nlohmann::json j = parse_json(it->second, what);
+  LSTM_REQUIRE(j.is_object() && j.contains("inputs") && j.contains("targets"),
+               what << ": expected {\"inputs\", \"targets\"}, got " << json_excerpt(j));
+  StoredNormalization n;
+  n.targets = Normalization::from_json(j["targets"], what + ".targets");
+  if (!j["inputs"].is_null()) n.inputs = Normalization::from_json(j["inputs"], what + ".inputs");
+  const Signal& in = m.model.input_signal();
+  LSTM_REQUIRE((in.kind == SignalKind::Tokens) == !n.inputs.has_value(),
+               what << ": the model reads " << (in.kind == SignalKind::Tokens ? "tokens" : "numbers") << " but "
+                    << (n.inputs ? "has" : "has no") << " input statistics");
+  LSTM_REQUIRE(!n.inputs || n.inputs->size() == in.features,
+               what << ": " << n.inputs->size() << " input statistics, the model reads " << in.features << " features");
+  return n;
+}
+
+// Normalises the numeric steps of a batch in place (steps past a length stay zero).
+void normalize_inputs(const Normalization& norm, Batch& b) {
+  const int64_t T = b.inputs.size(0), B = b.inputs.size(1), F = b.inputs.size(2);
+  float* x = b.inputs.data<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < B; ++k)
+      if (t < b.lengths[static_cast<size_t>(k)]) norm.apply(x + (t * B + k) * F, 1);
+}
+
+// Rows of a CSV file with a model's sequence column, a chunk at a time; ids as classify has them.
+struct CsvRows {
+  CsvRows(const TrainedModel& m, const std::string& path)
+      : schema(stored_csv_schema(m)),
+        reader(path, schema, CsvSpec{m.config["data"]["sequence_column"].get<std::string>(), CsvTarget::Label, {}}, "id") {}
+  // The next chunk as a batch (inputs only); 0 rows at the end.
+  int64_t next(int64_t max_rows, Batch& b) {
+    const int64_t n = reader.next(max_rows, rows, ids);
+    if (n == 0) return 0;
+    std::vector<int64_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), int64_t{0});
+    b = rows.batch(idx);
+    return n;
+  }
+  Record record(int64_t r) const {
+    Record rec;
+    rec.id = ids[static_cast<size_t>(r)];
+    rec.id_is_number = !reader.has_id_column();
+    return rec;
+  }
+  CsvSchema schema;
+  CsvChunkReader reader;
+  CsvDataset rows;
+  std::vector<std::string> ids;
+};
+
+// ---- regress: the target columns' values per row, in original units ----
+
+class RegressPredictor final : public Predictor {
+ public:
+  RegressPredictor(TrainedModel& m, const std::string& data_path)
+      : model_(m), norm_(stored_normalization(m)), rows_(m, data_path) {}
+
+  std::vector<std::string> columns() const override { return norm_.targets.names; }
+
+  int64_t next(int64_t max_rows, std::vector<Record>& out) override {
+    out.clear();
+    Batch b;
+    const int64_t n = rows_.next(max_rows, b);
+    if (n == 0) return 0;
+    if (norm_.inputs) normalize_inputs(*norm_.inputs, b);
+    Rng unused(0);
+    const Act y = model_.model.forward(to_act(b, model_.model.placement().device), false, unused);
+    const int64_t K = norm_.targets.size();
+    LSTM_REQUIRE(y.data.dim() == 2 && y.data.size(0) == n && y.data.size(1) == K,
+                 model_.path << ": the model outputs " << y.data.shape_str() << " for " << n << " rows, expected ["
+                             << n << ", " << K << "] (one value per target column)");
+    const Tensor v = y.data.cpu();
+    for (int64_t r = 0; r < n; ++r) {
+      Record rec = rows_.record(r);
+      ordered_json values = ordered_json::object();
+      for (int64_t k = 0; k < K; ++k) {
+        const auto kk = static_cast<size_t>(k);
+        const double x = v.get(r * K + k) * norm_.targets.std[kk] + norm_.targets.mean[kk];
+        rec.cells.push_back(format_value(x));
+        values[norm_.targets.names[kk]] = static_cast<float>(x);
+      }
+      rec.json["values"] = std::move(values);
+      out.push_back(std::move(rec));
+    }
+    return n;
+  }
+
+  int64_t unknown() const override { return rows_.reader.unknown_tokens(); }
+
+ private:
+  TrainedModel& model_;
+  StoredNormalization norm_;
+  CsvRows rows_;
+};
+
+// ---- tag: a label per step of each row ----
+
+class TagPredictor final : public Predictor {
+ public:
+  TagPredictor(TrainedModel& m, const std::string& data_path) : model_(m), rows_(m, data_path) {}
+
+  std::vector<std::string> columns() const override { return {"tags"}; }
+
+  int64_t next(int64_t max_rows, std::vector<Record>& out) override {
+    out.clear();
+    Batch b;
+    const int64_t n = rows_.next(max_rows, b);
+    if (n == 0) return 0;
+    Rng unused(0);
+    const Act y = model_.model.forward(to_act(b, model_.model.placement().device), false, unused);
+    const std::vector<std::string>& names = rows_.schema.class_names;
+    const auto C = static_cast<int64_t>(names.size());
+    const int64_t T = b.inputs.size(0);
+    LSTM_REQUIRE(y.data.dim() == 3 && y.data.size(0) == T && y.data.size(1) == n && y.data.size(2) == C,
+                 model_.path << ": the model outputs " << y.data.shape_str() << " for " << n << " rows of " << T
+                             << " steps, expected [" << T << ", " << n << ", " << C << "] (a score per tag per step)");
+    const Tensor logits = y.data.cpu().reshape({T * n, C});
+    for (int64_t r = 0; r < n; ++r) {
+      Record rec = rows_.record(r);
+      std::string cell;
+      ordered_json tags = ordered_json::array(), probs = ordered_json::array();
+      for (int64_t t = 0; t < b.lengths[static_cast<size_t>(r)]; ++t) {
+        const std::vector<double> p = softmax_row(logits, t * n + r);
+        const auto best = static_cast<size_t>(std::max_element(p.begin(), p.end()) - p.begin());
+        cell += (t ? " " : "") + names[best];
+        tags.push_back(names[best]);
+        ordered_json step = ordered_json::object();
+        for (size_t c = 0; c < names.size(); ++c) step[names[c]] = p[c];
+        probs.push_back(std::move(step));
+      }
+      rec.cells.push_back(std::move(cell));
+      rec.json["tags"] = std::move(tags);
+      rec.json["probabilities"] = std::move(probs);
+      out.push_back(std::move(rec));
+    }
+    return n;
+  }
+
+  int64_t unknown() const override { return rows_.reader.unknown_tokens(); }
+
+ private:
+  TrainedModel& model_;
+  CsvRows rows_;
+};
+
+// ---- forecast: the next horizon steps after the end of a series ----
+
+class ForecastPredictor final : public Predictor {
+ public:
+  ForecastPredictor(TrainedModel& m, const std::string& data_path) : model_(m), norm_(stored_normalization(m)) {
+    const auto& data = m.config["data"];
+    std::vector<std::string> inputs;
+    for (const auto& c : data["input_columns"].empty() ? data["target_columns"] : data["input_columns"])
+      inputs.push_back(c.get<std::string>());
+    T_ = m.config["train"]["seq_len"].get<int64_t>();
+    H_ = data["horizon"].get<int64_t>();
+    LSTM_REQUIRE(norm_.inputs && norm_.inputs->size() == static_cast<int64_t>(inputs.size()),
+                 m.path << ": the model's input statistics do not match its " << inputs.size() << " input columns");
+    // Only the input columns are read: the targets are what is predicted.
+    series_ = TimeSeries::load(data_path, inputs, inputs);
+    LSTM_REQUIRE(series_.steps() >= T_, data_path << ": the series has " << series_.steps()
+                                                  << " rows, but the model forecasts from the last train.seq_len = "
+                                                  << T_ << " rows (its context): give at least " << T_ << " rows");
+  }
+
+  const char* id_column() const override { return "step"; }
+  std::vector<std::string> columns() const override { return norm_.targets.names; }
+
+  int64_t next(int64_t, std::vector<Record>& out) override {
+    out.clear();
+    if (done_) return 0;
+    done_ = true;
+    // The context: the last T rows, [T, 1, F].
+    const int64_t F = series_.num_inputs(), first = series_.steps() - T_;
+    Batch b;
+    b.lengths = {T_};
+    b.inputs = Tensor::empty({T_, 1, F}, DType::F32);
+    std::copy_n(series_.input_row(first), T_ * F, b.inputs.data<float>());
+    normalize_inputs(*norm_.inputs, b);
+    Rng unused(0);
+    const Act y = model_.model.forward(to_act(b, model_.model.placement().device), false, unused);
+    const int64_t K = norm_.targets.size();
+    LSTM_REQUIRE(y.data.dim() == 2 && y.data.size(0) == 1 && y.data.size(1) == H_ * K,
+                 model_.path << ": the model outputs " << y.data.shape_str() << " for one window, expected [1, " << H_ * K
+                             << "] (data.horizon " << H_ << " x " << K << " target columns)");
+    const Tensor v = y.data.cpu();
+    for (int64_t h = 0; h < H_; ++h) {
+      Record rec;
+      rec.id = std::to_string(h + 1);
+      rec.id_is_number = true;
+      ordered_json values = ordered_json::object();
+      for (int64_t k = 0; k < K; ++k) {
+        const auto kk = static_cast<size_t>(k);
+        const double x = v.get(h * K + k) * norm_.targets.std[kk] + norm_.targets.mean[kk];
+        rec.cells.push_back(format_value(x));
+        values[norm_.targets.names[kk]] = static_cast<float>(x);
+      }
+      rec.json["values"] = std::move(values);
+      out.push_back(std::move(rec));
+    }
+    return H_;
+  }
+
+ private:
+  TrainedModel& model_;
+  StoredNormalization norm_;
+  TimeSeries series_;
+  int64_t T_ = 0, H_ = 0;
+  bool done_ = false;
+};
+
 // The tasks that can predict. A new task: a Predictor above and a row here.
 struct PredictorEntry {
   const char* task;
@@ -276,6 +513,10 @@ const std::vector<PredictorEntry>& predictors() {
       {"classify", [](TrainedModel& m, const PredictOptions& o) { return std::make_unique<ClassifyPredictor>(m, o.data_path); }},
       {"charlm",
        [](TrainedModel& m, const PredictOptions& o) { return std::make_unique<CharLmPredictor>(m, o.data_path, o.top_k); }},
+      {"regress", [](TrainedModel& m, const PredictOptions& o) { return std::make_unique<RegressPredictor>(m, o.data_path); }},
+      {"tag", [](TrainedModel& m, const PredictOptions& o) { return std::make_unique<TagPredictor>(m, o.data_path); }},
+      {"forecast",
+       [](TrainedModel& m, const PredictOptions& o) { return std::make_unique<ForecastPredictor>(m, o.data_path); }},
   };
   return table;
 }
@@ -289,14 +530,14 @@ std::string csv_cell(const std::string& s) {
   return q + "\"";
 }
 
-void write_records(std::ostream& os, bool jsonl, const std::vector<Record>& recs) {
+void write_records(std::ostream& os, bool jsonl, const char* id_key, const std::vector<Record>& recs) {
   for (const Record& r : recs) {
     if (jsonl) {
       ordered_json j = ordered_json::object();
       if (r.id_is_number)
-        j["id"] = std::stoll(r.id);
+        j[id_key] = std::stoll(r.id);
       else
-        j["id"] = r.id;
+        j[id_key] = r.id;
       for (auto it = r.json.begin(); it != r.json.end(); ++it) j[it.key()] = it.value();
       os << j.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << "\n";
     } else {
@@ -350,14 +591,14 @@ PredictResult predict(const PredictOptions& opts, std::ostream& out) {
     auto write_header = [&] {
       if (header) return;
       header = true;
-      os << "id";
+      os << p->id_column();
       for (const auto& c : p->columns()) os << ',' << csv_cell(c);
       os << "\n";
     };
     std::vector<Record> recs;
     while (p->next(opts.batch_size, recs) > 0) {
       write_header();
-      write_records(os, jsonl, recs);
+      write_records(os, jsonl, p->id_column(), recs);
       res.rows += static_cast<int64_t>(recs.size());
       os.flush();
       LSTM_REQUIRE(os, "predict: writing " << (to_stream ? std::string("the output") : tmp) << " failed");

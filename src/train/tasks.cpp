@@ -169,6 +169,7 @@ class ClassifyTask final : public CsvTask {
 class TagTask final : public CsvTask {
  public:
   TagTask(const nlohmann::json& cfg, const std::string& path) : CsvTask(cfg, path, CsvTarget::Tags) {}
+  TagTask(CsvDataset csv, const std::string& path) : CsvTask(std::move(csv), path) {}
   LossResult loss(const Act& out, const Batch& b) const override {
     LSTM_REQUIRE(out.data.dim() == 3, "task \"tag\" needs a label per step, but the model outputs "
                                           << out.data.shape_str()
@@ -266,6 +267,16 @@ class RegressTask final : public CsvTask {
       for (int64_t f = 0; f < csv_.features(); ++f) names.push_back("feature " + std::to_string(f));
       reg_.inputs = Normalization::fit(names, features);
     }
+    meta_[kNormKey] = reg_.metadata();
+  }
+  // Rows read with a trained model's schema (`lstm eval --data`), normalised with its statistics.
+  RegressTask(const nlohmann::json& cfg, CsvDataset csv, const std::string& path,
+              const std::map<std::string, std::string>& meta, const std::string& file)
+      : CsvTask(std::move(csv), path), reg_(cfg) {
+    outputs_ = csv_.num_values();
+    reg_.targets.names = csv_.value_names();
+    if (!csv_.is_tokens()) reg_.inputs = Normalization::fit(std::vector<std::string>(static_cast<size_t>(csv_.features()), "x"), {});
+    reg_.adopt(meta, file);
     meta_[kNormKey] = reg_.metadata();
   }
   bool regression() const override { return true; }
@@ -503,12 +514,24 @@ std::unique_ptr<Task> make_eval_task(const TrainedModel& m, const std::string& p
                                                         m.config["data"]["label_column"].get<std::string>(),
                                                         m.config["data"]["sequence_column"].get<std::string>()),
                                        path);
+  } else if (m.task == "regress" || m.task == "tag") {
+    // Read with the model's tokens (others as its <unk>), tags and target columns.
+    CsvSpec spec;
+    spec.sequence_column = m.config["data"]["sequence_column"].get<std::string>();
+    if (m.task == "tag") {
+      spec.target = CsvTarget::Tags;
+      spec.target_columns = {m.config["data"]["tags_column"].get<std::string>()};
+      t = std::make_unique<TagTask>(CsvDataset::load(path, stored_csv_schema(m), spec), path);
+    } else {
+      spec.target = CsvTarget::Values;
+      spec.target_columns = strings_of(m.config["data"]["target_columns"]);
+      t = std::make_unique<RegressTask>(m.config, CsvDataset::load(path, stored_csv_schema(m), spec), path, m.meta, m.path);
+    }
   } else {
-    // regress, tag, forecast: read as training reads, checked against and normalised with the
+    // forecast: read as training reads, checked against and normalised with the
     // model's vocabulary, classes and statistics; then all of it is evaluated.
     t = make_task(m.config, path);
     t->adopt_model_metadata(m.meta, m.path);
-    if (auto* c = dynamic_cast<CsvTask*>(t.get())) c->use_all_rows();
     if (auto* f = dynamic_cast<ForecastTask*>(t.get())) f->use_all_windows();
     return t;
   }

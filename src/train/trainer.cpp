@@ -1003,10 +1003,12 @@ CsvSchema stored_csv_schema(const TrainedModel& m) {
     return j.get<std::vector<std::string>>();
   };
   CsvSchema s;
-  s.class_names = names("lstm_engine.classes");
-  LSTM_REQUIRE(static_cast<int64_t>(s.class_names.size()) == m.model.output_signal().features,
-               m.path << ": " << s.class_names.size() << " class names but the model outputs "
-                      << m.model.output_signal().features);
+  if (m.task != "regress") {  // regress predicts numbers, not classes
+    s.class_names = names("lstm_engine.classes");
+    LSTM_REQUIRE(static_cast<int64_t>(s.class_names.size()) == m.model.output_signal().features,
+                 m.path << ": " << s.class_names.size() << " class names but the model outputs "
+                        << m.model.output_signal().features);
+  }
   const Signal& in = m.model.input_signal();
   s.tokens = in.kind == SignalKind::Tokens;
   if (s.tokens) {
