@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
   auto* pred = app.add_subcommand("predict", "run a trained model on new data (include/lstm/predict.hpp, docs/guide/predict-eval.md)");
   PredictOptions popts;
   pred->add_option("--model", popts.model_path, "model.safetensors or a run folder")->required();
-  pred->add_option("--data", popts.data_path, "input: a CSV file (classify) or a text file, one context per line (charlm)")
+  pred->add_option("--data", popts.data_path, "input: a CSV file (classify, regress, tag), a time series CSV (forecast: the steps after its end) or a text file, one context per line (charlm)")
       ->required();
   pred->add_option("--output", popts.output_path, "file to write (default: standard output)");
   pred->add_option("--format", popts.format, "csv|jsonl (default: jsonl for an --output ending in .jsonl, else csv)");

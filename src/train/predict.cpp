@@ -370,7 +370,7 @@ class RegressPredictor final : public Predictor {
         const auto kk = static_cast<size_t>(k);
         const double x = v.get(r * K + k) * norm_.targets.std[kk] + norm_.targets.mean[kk];
         rec.cells.push_back(format_value(x));
-        values[norm_.targets.names[kk]] = static_cast<float>(x);
+        values[norm_.targets.names[kk]] = std::stod(rec.cells.back());  // the CSV's digits
       }
       rec.json["values"] = std::move(values);
       out.push_back(std::move(rec));
@@ -486,7 +486,7 @@ class ForecastPredictor final : public Predictor {
         const auto kk = static_cast<size_t>(k);
         const double x = v.get(h * K + k) * norm_.targets.std[kk] + norm_.targets.mean[kk];
         rec.cells.push_back(format_value(x));
-        values[norm_.targets.names[kk]] = static_cast<float>(x);
+        values[norm_.targets.names[kk]] = std::stod(rec.cells.back());  // the CSV's digits
       }
       rec.json["values"] = std::move(values);
       out.push_back(std::move(rec));
