@@ -1,0 +1,618 @@
+// The LSTM stack through oneDNN's LSTM primitives (what PyTorch's CPU nn.LSTM runs on).
+//
+// Layers run one primitive each (oneDNN's multi-layer primitive wants every layer's input as wide
+// as its output, and dropout sits between layers); both directions of a layer run in one
+// primitive (bidirectional_concat). oneDNN's gate order (i, f, c~, o) is PyTorch's (i, f, g, o)
+// and its one bias is b_ih + b_hh.
+//
+// Variable lengths: oneDNN's RNN primitives run every sequence of a call for the same number of
+// steps. The batch is split into groups of equal length, longest first, and each group runs the
+// whole stack for exactly its own steps, so h_n/c_n are each sequence's own last state, the reverse
+// direction starts at each sequence's own last step, and nothing past a length is read (the
+// backward likewise). A batch whose sequences all have T steps is one group and runs on the
+// caller's tensors directly (batch_first as oneDNN's ntc layout); the others are gathered into
+// and scattered from buffers. Many distinct lengths mean many small primitives: the reference
+// (one batch, masked steps) can then be the faster backend, which Algo::Auto measures.
+//
+// Weights: oneDNN wants them in its own layouts (format `any`, e.g. ldigo), which differ between
+// the forward and the backward. The backend keeps a copy of the caller's values; on each call it
+// compares them with the copy (a read of the weights, much cheaper than a reorder), and reorders
+// only when they changed, so inference with fixed weights reorders once. Weight gradients:
+// oneDNN's backward accumulates into diff_weights; they go into scratch buffers zeroed per
+// backward (one sum over every group) and are then added into d_weights in PyTorch's layout.
+#include "cpu/lstm_onednn.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#if LSTM_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace lstm::cpu {
+
+#if LSTM_HAVE_ONEDNN
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using mdt = memory::data_type;
+
+memory::desc md(const memory::dims& dims, tag t) { return memory::desc(dims, mdt::f32, t); }
+
+// Sequences of one length, in batch order.
+struct Group {
+  int64_t T = 0;
+  std::vector<int64_t> idx;
+};
+
+// Groups of equal length, longest first; lengths empty means every sequence has T steps.
+std::vector<Group> group_by_length(const std::vector<int64_t>& len, int64_t T, int64_t B) {
+  std::map<int64_t, Group, std::greater<>> by;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = len.empty() ? T : len[static_cast<size_t>(b)];
+    Group& g = by[n];
+    g.T = n;
+    g.idx.push_back(b);
+  }
+  std::vector<Group> r;
+  for (auto& [n, g] : by) r.push_back(std::move(g));
+  return r;
+}
+
+// Row (t, b) of a [T, B, F] ([B, T, F] when bf) tensor.
+inline size_t seq_row(bool bf, int64_t T, int64_t B, int64_t t, int64_t b) {
+  return static_cast<size_t>(bf ? b * T + t : t * B + b);
+}
+// Steps [0, Tg) of sequences idx of src into dst [Tg, n, F].
+void gather_seq(const float* src, bool bf, int64_t T, int64_t B, int64_t F, const Group& g, float* dst) {
+  const int64_t n = static_cast<int64_t>(g.idx.size());
+  for (int64_t t = 0; t < g.T; ++t)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(dst + (t * n + j) * F, src + seq_row(bf, T, B, t, g.idx[j]) * F, sizeof(float) * F);
+}
+void scatter_seq(const float* src, bool bf, int64_t T, int64_t B, int64_t F, const Group& g, float* dst) {
+  const int64_t n = static_cast<int64_t>(g.idx.size());
+  for (int64_t t = 0; t < g.T; ++t)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(dst + seq_row(bf, T, B, t, g.idx[j]) * F, src + (t * n + j) * F, sizeof(float) * F);
+}
+// Layer l's D rows of a [L*D, B, W] state tensor, sequences idx, <-> [D, n, W].
+void gather_state(const float* full, int64_t l, int64_t D, int64_t B, int64_t W, const Group& g, float* dst) {
+  const int64_t n = static_cast<int64_t>(g.idx.size());
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(dst + (d * n + j) * W, full + ((l * D + d) * B + g.idx[j]) * W, sizeof(float) * W);
+}
+void scatter_state(const float* src, int64_t l, int64_t D, int64_t B, int64_t W, const Group& g, float* full) {
+  const int64_t n = static_cast<int64_t>(g.idx.size());
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(full + ((l * D + d) * B + g.idx[j]) * W, src + (d * n + j) * W, sizeof(float) * W);
+}
+
+void* ptr(const Tensor& t) { return const_cast<void*>(t.raw()); }
+
+// What one layer's training forward of one group keeps for the backward.
+struct LayerRun {
+  Tensor src, dst;         // the layer's input (after dropout) and output, [Tg, n, .] (ntc/tnc: see flags)
+  bool src_ntc = false, dst_ntc = false;
+  Tensor h0, c0, hn, cn;   // [D, n, Hout] / [D, n, H]
+  Tensor mask;             // dropout scale applied to the input (layers > 0 with dropout)
+  Tensor ws;               // oneDNN's workspace
+};
+struct GroupRun {
+  Group g;
+  bool direct = false;  // the whole batch, T steps, on the caller's tensors
+  std::vector<LayerRun> layers;
+};
+struct Saved : LstmSaved {
+  const void* owner = nullptr;
+  int64_t T = 0, B = 0;
+  bool has_h0 = false, has_c0 = false;
+  std::vector<GroupRun> groups;
+};
+
+enum Which { kWl, kWi, kWp, kBias, kWhich };
+
+class OnednnBackend final : public LstmBackend {
+ public:
+  OnednnBackend(const LstmSpec& spec, DType dtype)
+      : LstmBackend(spec, dtype, Device::CPU), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+    layers_.resize(static_cast<size_t>(spec.num_layers));
+  }
+  Algo algo() const override { return Algo::Onednn; }
+  std::string name() const override { return "onednn"; }
+  std::string last_run() const override { return last_run_; }
+
+  LstmOutput forward(const std::vector<Tensor>& weights, const LstmInput& in, bool training, Rng* rng,
+                     std::unique_ptr<LstmSaved>* saved, const ExecContext& ctx) override {
+    auto [T, B] = check_call(in, weights, ctx);
+    try {
+      return forward_impl(weights, in, T, B, training, rng, saved);
+    } catch (const dnnl::error& e) {
+      LSTM_THROW("onednn LSTM forward: oneDNN failed: " << e.what() << " (status " << static_cast<int>(e.status) << ")");
+    }
+  }
+
+  LstmGrads backward(const std::vector<Tensor>& weights, const LstmSaved& saved, const LstmGradOutput& grad,
+                     std::vector<Tensor>& d_weights, const ExecContext& ctx) override {
+    LSTM_REQUIRE(ctx.device == Device::CPU,
+                 "onednn LSTM backward: runs on the CPU, got a " << device_name(ctx.device) << " execution context");
+    const auto* sv = dynamic_cast<const Saved*>(&saved);
+    LSTM_REQUIRE(sv && sv->owner == this, "onednn LSTM backward: the saved state does not come from this instance's forward");
+    try {
+      return backward_impl(weights, *sv, grad, d_weights);
+    } catch (const dnnl::error& e) {
+      LSTM_THROW("onednn LSTM backward: oneDNN failed: " << e.what() << " (status " << static_cast<int>(e.status) << ")");
+    }
+  }
+
+ private:
+  // ---- Primitives, per (layer, steps, batch, kind, src ntc, dst ntc) ----
+  enum Kind { kInfer, kTrain, kBackward };
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, bool>;
+  struct Prim {
+    dnnl::lstm_forward::primitive_desc fwd;
+    dnnl::lstm_backward::primitive_desc bwd;
+    dnnl::primitive p;
+    memory scratch;
+  };
+
+  dnnl::rnn_direction direction() const {
+    return spec().bidirectional ? dnnl::rnn_direction::bidirectional_concat
+                                : dnnl::rnn_direction::unidirectional_left2right;
+  }
+
+  Prim& prim(int64_t l, int64_t Tg, int64_t n, Kind kind, bool src_ntc, bool dst_ntc) {
+    const Key key{l, Tg, n, kind, src_ntc, dst_ntc};
+    auto it = prims_.find(key);
+    if (it != prims_.end()) return it->second;
+    const LstmSpec& s = spec();
+    const int64_t In = s.layer_input_size(l), H = s.hidden_size, P = s.proj_size, Hout = s.out_size(),
+                  D = s.directions();
+    const memory::desc src = md({Tg, n, In}, src_ntc ? tag::ntc : tag::tnc);
+    const memory::desc dst = md({Tg, n, D * Hout}, dst_ntc ? tag::ntc : tag::tnc);
+    const memory::desc h = md({1, D, n, Hout}, tag::ldnc), c = md({1, D, n, H}, tag::ldnc);
+    const memory::desc wl = md({1, D, In, 4, H}, tag::any), wi = md({1, D, Hout, 4, H}, tag::any);
+    const memory::desc wp = P > 0 ? md({1, D, H, P}, tag::any) : memory::desc();
+    const memory::desc bias = md({1, D, 4, H}, tag::any);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    Prim pr;
+    if (kind == kBackward) {
+      const Prim& f = prim(l, Tg, n, kTrain, src_ntc, dst_ntc);
+      dnnl::lstm_backward::desc bd(dnnl::prop_kind::backward, direction(), src, h, c, wl, wi, memory::desc(), wp, bias,
+                                   dst, h, c, src, h, c, wl, wi, memory::desc(), wp, bias, dst, h, c);
+      pr.bwd = dnnl::lstm_backward::primitive_desc(bd, attr, eng_, f.fwd);
+      pr.p = dnnl::lstm_backward(pr.bwd);
+      pr.scratch = memory(pr.bwd.scratchpad_desc(), eng_);
+    } else {
+      dnnl::lstm_forward::desc fd(kind == kTrain ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
+                                  direction(), src, h, c, wl, wi, memory::desc(), wp, bias, dst, h, c);
+      pr.fwd = dnnl::lstm_forward::primitive_desc(fd, attr, eng_);
+      pr.p = dnnl::lstm_forward(pr.fwd);
+      pr.scratch = memory(pr.fwd.scratchpad_desc(), eng_);
+    }
+    return prims_.emplace(key, std::move(pr)).first->second;
+  }
+
+  // ---- Weights ----
+  struct Packed {
+    int which;
+    memory::desc desc;
+    memory mem;
+    uint64_t version;
+  };
+  struct LayerWeights {
+    std::vector<float> plain[kWhich];  // ldgoi, ldgoi, ldoi, ldgo over both directions
+    uint64_t version = 0;
+    std::vector<Packed> packed;
+  };
+
+  memory::dims plain_dims(int64_t l, int which) const {
+    const LstmSpec& s = spec();
+    const int64_t In = s.layer_input_size(l), H = s.hidden_size, D = s.directions();
+    switch (which) {
+      case kWl: return {1, D, In, 4, H};
+      case kWi: return {1, D, s.out_size(), 4, H};
+      case kWp: return {1, D, H, s.proj_size};
+      default: return {1, D, 4, H};
+    }
+  }
+  static tag plain_tag(int which) {
+    return which == kWp ? tag::ldoi : which == kBias ? tag::ldgo : tag::ldgoi;
+  }
+
+  // Compares the caller's weights with the copy of the last call's; a layer whose values changed
+  // gets its plain buffers rebuilt and a new version (its oneDNN layouts are reordered on use).
+  void refresh_weights(const std::vector<Tensor>& w) {
+    const LstmSpec& s = spec();
+    if (copies_.empty()) copies_.resize(w.size());
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      bool changed = layers_[l].version == 0;
+      for (int64_t d = 0; d < s.directions(); ++d) {
+        const auto sl = s.slots(l, d);
+        for (int i : {sl.w_ih, sl.w_hh, sl.b_ih, sl.b_hh, sl.w_hr}) {
+          if (i < 0) continue;
+          auto& copy = copies_[i];
+          const size_t bytes = sizeof(float) * static_cast<size_t>(w[i].numel());
+          if (copy.size() * sizeof(float) == bytes && std::memcmp(copy.data(), w[i].raw(), bytes) == 0) continue;
+          copy.resize(static_cast<size_t>(w[i].numel()));
+          std::memcpy(copy.data(), w[i].raw(), bytes);
+          changed = true;
+        }
+      }
+      if (!changed) continue;
+      LayerWeights& lw = layers_[l];
+      const int64_t H = s.hidden_size, G4 = 4 * H, D = s.directions();
+      for (int which = 0; which < kWhich; ++which) {
+        if (which == kWp && s.proj_size == 0) continue;
+        int64_t per = 1;
+        const memory::dims dims = plain_dims(l, which);
+        for (size_t k = 2; k < dims.size(); ++k) per *= dims[k];
+        auto& buf = lw.plain[which];
+        buf.assign(static_cast<size_t>(D * per), 0.0f);
+        for (int64_t d = 0; d < D; ++d) {
+          const auto sl = s.slots(l, d);
+          float* dst = buf.data() + d * per;
+          if (which == kBias) {
+            if (!s.bias) continue;
+            const float* bi = copies_[sl.b_ih].data();
+            const float* bh = copies_[sl.b_hh].data();
+            for (int64_t j = 0; j < G4; ++j) dst[j] = bi[j] + bh[j];
+          } else {
+            const int i = which == kWl ? sl.w_ih : which == kWi ? sl.w_hh : sl.w_hr;
+            std::memcpy(dst, copies_[i].data(), sizeof(float) * static_cast<size_t>(per));
+          }
+        }
+      }
+      lw.version = ++next_version_;
+    }
+  }
+
+  // Layer l's weights `which` in oneDNN's layout `desc`, reordered when the values changed.
+  memory& packed(int64_t l, int which, const memory::desc& desc) {
+    LayerWeights& lw = layers_[l];
+    Packed* p = nullptr;
+    for (auto& q : lw.packed)
+      if (q.which == which && q.desc == desc) p = &q;
+    if (!p) {
+      lw.packed.push_back({which, desc, memory(desc, eng_), 0});
+      p = &lw.packed.back();
+    }
+    if (p->version != lw.version) {
+      memory src(md(plain_dims(l, which), plain_tag(which)), eng_, lw.plain[which].data());
+      dnnl::reorder(src, p->mem).execute(strm_, src, p->mem);
+      strm_.wait();
+      p->version = lw.version;
+    }
+    return p->mem;
+  }
+
+  // ---- Forward ----
+  LstmOutput forward_impl(const std::vector<Tensor>& weights, const LstmInput& in, int64_t T, int64_t B, bool training,
+                          Rng* rng, std::unique_ptr<LstmSaved>* saved) {
+    const LstmSpec& s = spec();
+    const int64_t H = s.hidden_size, Hout = s.out_size(), D = s.directions(), L = s.num_layers;
+    const bool bf = s.batch_first, train = saved != nullptr;
+    refresh_weights(weights);
+    const std::vector<Group> groups = group_by_length(in.lengths, T, B);
+    const bool direct = groups.size() == 1 && groups[0].T == T;
+    LstmOutput out;
+    out.output = direct ? Tensor::empty(bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout}, DType::F32)
+                        : Tensor::zeros(bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout}, DType::F32);
+    out.h_n = Tensor::empty({L * D, B, Hout}, DType::F32);
+    out.c_n = Tensor::empty({L * D, B, H}, DType::F32);
+    std::unique_ptr<Saved> sv;
+    if (train) {
+      sv = std::make_unique<Saved>();
+      sv->owner = this;
+      sv->T = T;
+      sv->B = B;
+      sv->has_h0 = in.h0.defined();
+      sv->has_c0 = in.c0.defined();
+    }
+    for (const Group& g : groups) {
+      const int64_t n = static_cast<int64_t>(g.idx.size()), Tg = g.T;
+      GroupRun gr;
+      gr.g = g;
+      gr.direct = direct;
+      Tensor src;
+      bool src_ntc = false;
+      if (direct && !(train && bf)) {
+        // The saved input must not change with the caller's x before the backward.
+        src = train ? in.x.clone() : in.x;
+        src_ntc = bf;
+      } else {
+        // oneDNN 2.6's backward gets the layer-input weight gradient wrong from an ntc input
+        // (measured: garbage in d_weight_ih_l0), so training gathers batch_first input into tnc.
+        src = Tensor::empty({Tg, n, s.input_size}, DType::F32);
+        gather_seq(in.x.data<float>(), bf, T, B, s.input_size, g, src.data<float>());
+      }
+      for (int64_t l = 0; l < L; ++l) {
+        LayerRun run;
+        if (l > 0 && training && s.dropout > 0) {
+          LSTM_REQUIRE(rng, "onednn LSTM: dropout in training needs an Rng");
+          run.mask = Tensor::empty(src.shape(), DType::F32);
+          Tensor dropped = Tensor::empty(src.shape(), DType::F32);
+          float* m = run.mask.data<float>();
+          const float* x = src.data<float>();
+          float* y = dropped.data<float>();
+          const float keep = static_cast<float>(1.0 / (1.0 - s.dropout));
+          for (int64_t i = 0; i < src.numel(); ++i) {
+            m[i] = rng->uniform() < s.dropout ? 0.0f : keep;
+            y[i] = x[i] * m[i];
+          }
+          src = dropped;
+        }
+        const bool last = l == L - 1;
+        const bool dst_ntc = last && direct && bf;
+        Tensor dst = last && direct ? out.output : Tensor::empty({Tg, n, D * Hout}, DType::F32);
+        Tensor h0 = Tensor::empty({D, n, Hout}, DType::F32), c0 = Tensor::empty({D, n, H}, DType::F32);
+        if (in.h0.defined())
+          gather_state(in.h0.data<float>(), l, D, B, Hout, g, h0.data<float>());
+        else
+          h0.zero_();
+        if (in.c0.defined())
+          gather_state(in.c0.data<float>(), l, D, B, H, g, c0.data<float>());
+        else
+          c0.zero_();
+        Tensor hn = Tensor::empty({D, n, Hout}, DType::F32), cn = Tensor::empty({D, n, H}, DType::F32);
+        Prim& pr = prim(l, Tg, n, train ? kTrain : kInfer, src_ntc, dst_ntc);
+        const auto& pd = pr.fwd;
+        std::unordered_map<int, memory> args{
+            {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(src))},
+            {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(h0))},
+            {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(c0))},
+            {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc())},
+            {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc())},
+            {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc())},
+            {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(dst))},
+            {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(hn))},
+            {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(cn))},
+            {DNNL_ARG_SCRATCHPAD, pr.scratch}};
+        if (s.proj_size > 0) args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc()));
+        if (train) {
+          run.ws = Tensor::empty({static_cast<int64_t>(pd.workspace_desc().get_size())}, DType::U8);
+          args.emplace(DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(run.ws)));
+        }
+        pr.p.execute(strm_, args);
+        strm_.wait();
+        scatter_state(hn.data<float>(), l, D, B, Hout, g, out.h_n.data<float>());
+        scatter_state(cn.data<float>(), l, D, B, H, g, out.c_n.data<float>());
+        if (last && !direct) scatter_seq(dst.data<float>(), bf, T, B, D * Hout, g, out.output.data<float>());
+        if (train) {
+          run.src = src;
+          run.src_ntc = src_ntc;
+          run.dst = dst;
+          run.dst_ntc = dst_ntc;
+          run.h0 = h0;
+          run.c0 = c0;
+          run.hn = hn;
+          run.cn = cn;
+          gr.layers.push_back(std::move(run));
+        }
+        src = dst;
+        src_ntc = dst_ntc;
+      }
+      if (train) sv->groups.push_back(std::move(gr));
+    }
+    last_run_ = groups.size() == 1 ? "onednn" : "onednn, " + std::to_string(groups.size()) + " length groups";
+    if (train) *saved = std::move(sv);
+    return out;
+  }
+
+  // ---- Backward ----
+  LstmGrads backward_impl(const std::vector<Tensor>& weights, const Saved& sv, const LstmGradOutput& grad,
+                          std::vector<Tensor>& dw) {
+    const LstmSpec& s = spec();
+    const int64_t T = sv.T, B = sv.B, H = s.hidden_size, Hout = s.out_size(), D = s.directions(), L = s.num_layers,
+                  LD = L * D;
+    const bool bf = s.batch_first;
+    const auto names = s.param_names();
+    LSTM_REQUIRE(weights.size() == names.size(),
+                 "onednn LSTM backward: expected " << names.size() << " weight tensors, got " << weights.size());
+    LSTM_REQUIRE(dw.size() == names.size(),
+                 "onednn LSTM backward: expected " << names.size() << " gradient tensors, got " << dw.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      LSTM_REQUIRE(weights[i].defined() && weights[i].shape() == s.param_shape(names[i]) &&
+                       weights[i].dtype() == DType::F32 && weights[i].device() == Device::CPU,
+                   "onednn LSTM backward: weight '" << names[i] << "' must be F32 " << shape_str(s.param_shape(names[i]))
+                                                   << " on the CPU");
+      LSTM_REQUIRE(dw[i].defined() && dw[i].shape() == weights[i].shape() && dw[i].dtype() == DType::F32 &&
+                       dw[i].device() == Device::CPU,
+                   "onednn LSTM backward: gradient for '" << names[i] << "' must be F32 " << weights[i].shape_str()
+                                                           << " on the CPU, got "
+                                                           << (dw[i].defined() ? dtype_name(dw[i].dtype()) : "none")
+                                                           << " " << (dw[i].defined() ? dw[i].shape_str() : ""));
+    }
+    const Shape yshape = bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout};
+    auto checked = [&](const Tensor& t, const Shape& want, const char* what) {
+      if (!t.defined()) return t;
+      LSTM_REQUIRE(t.shape() == want, "onednn LSTM backward: " << what << " must be " << shape_str(want) << ", got "
+                                                               << t.shape_str());
+      LSTM_REQUIRE(t.device() == Device::CPU, "onednn LSTM backward: " << what << " must be on the CPU");
+      return t.dtype() == DType::F32 ? t : t.to(DType::F32);
+    };
+    const Tensor dy = checked(grad.d_output, yshape, "d_output");
+    const Tensor dhn = checked(grad.d_h_n, Shape{LD, B, Hout}, "d_h_n");
+    const Tensor dcn = checked(grad.d_c_n, Shape{LD, B, H}, "d_c_n");
+    refresh_weights(weights);
+
+    const bool direct = sv.groups.size() == 1 && sv.groups[0].direct;
+    const Shape xshape = bf ? Shape{B, T, s.input_size} : Shape{T, B, s.input_size};
+    LstmGrads r;
+    r.d_x = direct ? Tensor::empty(xshape, DType::F32) : Tensor::zeros(xshape, DType::F32);
+    Tensor dh0 = Tensor::empty({LD, B, Hout}, DType::F32), dc0 = Tensor::empty({LD, B, H}, DType::F32);
+    diffs_.clear();
+
+    for (const GroupRun& gr : sv.groups) {
+      const Group& g = gr.g;
+      const int64_t n = static_cast<int64_t>(g.idx.size()), Tg = g.T;
+      Tensor ddst;
+      if (gr.direct && dy.defined()) {
+        ddst = dy;
+      } else {
+        ddst = Tensor::zeros({Tg, n, D * Hout}, DType::F32);
+        if (dy.defined()) gather_seq(dy.data<float>(), bf, T, B, D * Hout, g, ddst.data<float>());
+      }
+      for (int64_t l = L - 1; l >= 0; --l) {
+        const LayerRun& run = gr.layers[l];
+        const int64_t In = s.layer_input_size(l);
+        Tensor dh = Tensor::zeros({D, n, Hout}, DType::F32), dc = Tensor::zeros({D, n, H}, DType::F32);
+        if (dhn.defined()) gather_state(dhn.data<float>(), l, D, B, Hout, g, dh.data<float>());
+        if (dcn.defined()) gather_state(dcn.data<float>(), l, D, B, H, g, dc.data<float>());
+        const bool into_dx = gr.direct && l == 0 && run.src_ntc == bf;
+        Tensor dsrc = into_dx ? r.d_x : Tensor::empty({Tg, n, In}, DType::F32);
+        Tensor dh_0 = Tensor::empty({D, n, Hout}, DType::F32), dc_0 = Tensor::empty({D, n, H}, DType::F32);
+        Prim& pr = prim(l, Tg, n, kBackward, run.src_ntc, run.dst_ntc);
+        const auto& pd = pr.bwd;
+        std::unordered_map<int, memory> args{
+            {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(run.src))},
+            {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(run.h0))},
+            {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(run.c0))},
+            {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc())},
+            {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc())},
+            {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc())},
+            {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(run.dst))},
+            {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(run.hn))},
+            {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(run.cn))},
+            {DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(run.ws))},
+            {DNNL_ARG_DIFF_DST_LAYER, memory(pd.diff_dst_layer_desc(), eng_, ptr(ddst))},
+            {DNNL_ARG_DIFF_DST_ITER, memory(pd.diff_dst_iter_desc(), eng_, ptr(dh))},
+            {DNNL_ARG_DIFF_DST_ITER_C, memory(pd.diff_dst_iter_c_desc(), eng_, ptr(dc))},
+            {DNNL_ARG_DIFF_SRC_LAYER, memory(pd.diff_src_layer_desc(), eng_, ptr(dsrc))},
+            {DNNL_ARG_DIFF_SRC_ITER, memory(pd.diff_src_iter_desc(), eng_, ptr(dh_0))},
+            {DNNL_ARG_DIFF_SRC_ITER_C, memory(pd.diff_src_iter_c_desc(), eng_, ptr(dc_0))},
+            {DNNL_ARG_DIFF_WEIGHTS_LAYER, diff(l, kWl, pd.diff_weights_layer_desc())},
+            {DNNL_ARG_DIFF_WEIGHTS_ITER, diff(l, kWi, pd.diff_weights_iter_desc())},
+            {DNNL_ARG_DIFF_BIAS, diff(l, kBias, pd.diff_bias_desc())},
+            {DNNL_ARG_SCRATCHPAD, pr.scratch}};
+        if (s.proj_size > 0) {
+          args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc()));
+          args.emplace(DNNL_ARG_DIFF_WEIGHTS_PROJECTION, diff(l, kWp, pd.diff_weights_projection_desc()));
+        }
+        pr.p.execute(strm_, args);
+        strm_.wait();
+        scatter_state(dh_0.data<float>(), l, D, B, Hout, g, dh0.data<float>());
+        scatter_state(dc_0.data<float>(), l, D, B, H, g, dc0.data<float>());
+        if (l > 0) {
+          if (run.mask.defined()) {
+            float* d = dsrc.data<float>();
+            const float* m = run.mask.data<float>();
+            for (int64_t i = 0; i < dsrc.numel(); ++i) d[i] *= m[i];
+          }
+          ddst = dsrc;
+        } else if (!into_dx) {
+          scatter_seq(dsrc.data<float>(), bf, T, B, s.input_size, g, r.d_x.data<float>());
+        }
+      }
+    }
+    add_weight_grads(dw);
+    if (sv.has_h0) r.d_h0 = dh0;
+    if (sv.has_c0) r.d_c0 = dc0;
+    last_run_ = sv.groups.size() == 1 ? "onednn" : "onednn, " + std::to_string(sv.groups.size()) + " length groups";
+    return r;
+  }
+
+  // Scratch gradient of layer l's weights `which` in oneDNN's layout `desc`, zero at the first use
+  // in a backward (oneDNN adds into it).
+  struct Diff {
+    int64_t layer;
+    int which;
+    memory::desc desc;
+    memory mem;
+  };
+  memory& diff(int64_t l, int which, const memory::desc& desc) {
+    for (auto& q : diffs_)
+      if (q.layer == l && q.which == which && q.desc == desc) return q.mem;
+    memory m(desc, eng_);
+    std::memset(m.get_data_handle(), 0, desc.get_size());
+    diffs_.push_back({l, which, desc, m});
+    return diffs_.back().mem;
+  }
+
+  // Adds the scratch gradients into d_weights in PyTorch's layout (both biases get the bias's).
+  void add_weight_grads(std::vector<Tensor>& dw) {
+    const LstmSpec& s = spec();
+    for (auto& q : diffs_) {
+      if (q.which == kBias && !s.bias) continue;
+      const memory::dims dims = plain_dims(q.layer, q.which);
+      int64_t per = 1;
+      for (size_t k = 2; k < dims.size(); ++k) per *= dims[k];
+      std::vector<float> plain(static_cast<size_t>(dims[1] * per));
+      memory dst(md(dims, plain_tag(q.which)), eng_, plain.data());
+      dnnl::reorder(q.mem, dst).execute(strm_, q.mem, dst);
+      strm_.wait();
+      for (int64_t d = 0; d < s.directions(); ++d) {
+        const auto sl = s.slots(q.layer, d);
+        const float* src = plain.data() + d * per;
+        auto add = [&](int i) {
+          float* t = dw[i].data<float>();
+          for (int64_t j = 0; j < per; ++j) t[j] += src[j];
+        };
+        switch (q.which) {
+          case kWl: add(sl.w_ih); break;
+          case kWi: add(sl.w_hh); break;
+          case kWp: add(sl.w_hr); break;
+          default:
+            add(sl.b_ih);
+            add(sl.b_hh);
+        }
+      }
+    }
+    diffs_.clear();
+  }
+
+  dnnl::engine eng_;
+  dnnl::stream strm_;
+  std::map<Key, Prim> prims_;
+  std::vector<LayerWeights> layers_;
+  std::vector<std::vector<float>> copies_;  // the caller's weights at the last call, per parameter
+  uint64_t next_version_ = 0;
+  std::vector<Diff> diffs_;
+  std::string last_run_;
+};
+
+}  // namespace
+
+bool onednn_built() { return true; }
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
+std::string onednn_lstm_unsupported(const LstmSpec& spec, DType dtype, Device device) {
+  (void)spec;
+  if (device != Device::CPU) return "the onednn backend runs on the CPU only";
+  if (dtype == DType::F64) return "oneDNN's RNN primitives have no F64 (the reference runs F64)";
+  if (dtype == DType::BF16)
+    return "BF16 through oneDNN is not implemented yet (it needs AVX512-BF16 or AMX to pay, which this backend has "
+           "not been tested on)";
+  if (dtype != DType::F32) return std::string("the onednn backend computes in F32, not ") + dtype_name(dtype);
+  return "";
+}
+
+std::unique_ptr<LstmBackend> make_onednn_lstm_backend(const LstmSpec& spec, DType dtype) {
+  return std::make_unique<OnednnBackend>(spec, dtype);
+}
+
+#else  // !LSTM_HAVE_ONEDNN
+
+bool onednn_built() { return false; }
+std::string onednn_version() { return ""; }
+std::string onednn_lstm_unsupported(const LstmSpec&, DType, Device) {
+  return "built without oneDNN (install libdnnl-dev and reconfigure)";
+}
+std::unique_ptr<LstmBackend> make_onednn_lstm_backend(const LstmSpec&, DType) {
+  LSTM_THROW("LSTM backend 'onednn': built without oneDNN (install libdnnl-dev and reconfigure)");
+}
+
+#endif
+
+}  // namespace lstm::cpu
