@@ -139,8 +139,6 @@ std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const
                                                Device device) {
   spec.validate();
   if (options.algo == Algo::Auto) {
-    if (device == Device::CPU) return make_from(lstm_backend_entry("reference"), options, spec, dtype, device);
-    require_cuda("LSTM algo 'auto' on the GPU");
     return make_auto_lstm_backend(options, spec, dtype, device);
   }
   // The algorithm's own row: the one named after it ("cudnn" runs options.cudnn_algo).
