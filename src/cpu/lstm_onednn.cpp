@@ -32,6 +32,9 @@
 #if LSTM_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 namespace lstm::cpu {
 
@@ -579,6 +582,21 @@ class OnednnBackend final : public LstmBackend {
   std::string last_run_;
 };
 
+// Whether the CPU has bf16 matrix instructions (AVX512-BF16: CPUID leaf 7 subleaf 1 EAX bit 5;
+// AMX-BF16: leaf 7 subleaf 0 EDX bit 22), without which oneDNN's BF16 would emulate and not pay.
+bool cpu_has_bf16_units() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx = (d >> 22) & 1u;
+  __cpuid_count(7, 1, a, b, c, d);
+  return amx || ((a >> 5) & 1u);
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 bool onednn_built() { return true; }
@@ -592,8 +610,9 @@ std::string onednn_lstm_unsupported(const LstmSpec& spec, DType dtype, Device de
   if (device != Device::CPU) return "the onednn backend runs on the CPU only";
   if (dtype == DType::F64) return "oneDNN's RNN primitives have no F64 (the reference runs F64)";
   if (dtype == DType::BF16)
-    return "BF16 through oneDNN is not implemented yet (it needs AVX512-BF16 or AMX to pay, which this backend has "
-           "not been tested on)";
+    return cpu_has_bf16_units()
+               ? "BF16 through oneDNN is not implemented yet (F32 only; the reference has no BF16 either)"
+               : "BF16 through oneDNN needs a CPU with AVX512-BF16 or AMX, and this one has neither (F32 runs)";
   if (dtype != DType::F32) return std::string("the onednn backend computes in F32, not ") + dtype_name(dtype);
   return "";
 }
