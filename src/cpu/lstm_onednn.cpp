@@ -6,20 +6,20 @@
 // and its one bias is b_ih + b_hh.
 //
 // Variable lengths: oneDNN's RNN primitives run every sequence of a call for the same number of
-// steps. The batch is split into groups of equal length, longest first, and each group runs the
-// whole stack for exactly its own steps, so h_n/c_n are each sequence's own last state, the reverse
-// direction starts at each sequence's own last step, and nothing past a length is read (the
-// backward likewise). A batch whose sequences all have T steps is one group and runs on the
-// caller's tensors directly (batch_first as oneDNN's ntc layout); the others are gathered into
-// and scattered from buffers. Many distinct lengths mean many small primitives: the reference
-// (one batch, masked steps) can then be the faster backend, which Algo::Auto measures.
+// steps. A batch whose sequences all have T steps runs on the caller's tensors directly
+// (batch_first as oneDNN's ntc layout), both directions in one primitive. Otherwise the batch is
+// sorted by length and each layer and direction runs one primitive per time segment between
+// consecutive distinct lengths, on the sequences still running there (PyTorch's packed layout, a
+// segment at a time; see forward_segmented): h_n/c_n are each sequence's own last state, the
+// reverse direction starts at each sequence's own last step, and nothing past a length is read
+// (the backward likewise).
 //
 // Weights: oneDNN wants them in its own layouts (format `any`, e.g. ldigo), which differ between
 // the forward and the backward. The backend keeps a copy of the caller's values; on each call it
 // compares them with the copy (a read of the weights, much cheaper than a reorder), and reorders
 // only when they changed, so inference with fixed weights reorders once. Weight gradients:
 // oneDNN's backward accumulates into diff_weights; they go into scratch buffers zeroed per
-// backward (one sum over every group) and are then added into d_weights in PyTorch's layout.
+// backward (one sum over every segment) and are then added into d_weights in PyTorch's layout.
 #include "cpu/lstm_onednn.hpp"
 
 #include <algorithm>
@@ -113,12 +113,96 @@ struct GroupRun {
   bool direct = false;  // the whole batch, T steps, on the caller's tensors
   std::vector<LayerRun> layers;
 };
+// A variable-length batch in segments (see forward_segmented): one direction of one layer over
+// one segment keeps its initial and final states, output and workspace.
+struct SegRun {
+  Tensor h0, c0, hn, cn, dst, ws;
+};
+struct LayerSegs {
+  Tensor mask;                             // dropout scale on the layer input, sorted layout
+  std::vector<Tensor> src;                 // per segment: its input [steps, active, In]
+  std::vector<std::vector<SegRun>> dirs;   // [direction][segment]
+};
+// Sequences sorted by length (longest first, stable) and the time segments between distinct
+// lengths: segment i is steps [bounds[i], bounds[i+1]) of the first active[i] sorted sequences.
+struct Segments {
+  std::vector<int64_t> order, len;  // sorted position -> batch index; lengths in sorted order
+  std::vector<int64_t> bounds, active;
+  int64_t count() const { return static_cast<int64_t>(active.size()); }
+};
 struct Saved : LstmSaved {
   const void* owner = nullptr;
   int64_t T = 0, B = 0;
   bool has_h0 = false, has_c0 = false;
-  std::vector<GroupRun> groups;
+  std::vector<GroupRun> groups;  // equal lengths: one group on the caller's tensors
+  Segments seg;                  // variable lengths: segments
+  std::vector<LayerSegs> seg_layers;
 };
+
+Segments make_segments(const std::vector<int64_t>& lengths, int64_t B) {
+  Segments g;
+  g.order.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) g.order[b] = b;
+  std::stable_sort(g.order.begin(), g.order.end(), [&](int64_t x, int64_t y) { return lengths[x] > lengths[y]; });
+  for (int64_t b : g.order) g.len.push_back(lengths[b]);
+  g.bounds.push_back(0);
+  for (auto it = g.len.rbegin(); it != g.len.rend(); ++it)
+    if (*it > g.bounds.back()) g.bounds.push_back(*it);
+  for (size_t i = 0; i + 1 < g.bounds.size(); ++i)
+    g.active.push_back(std::count_if(g.len.begin(), g.len.end(), [&](int64_t n) { return n > g.bounds[i]; }));
+  return g;
+}
+
+// Between a caller's [T, B, F] ([B, T, F] when bf) tensor and the sorted layout [T, B, F]
+// (sorted position j holds sequence order[j]); rows past a length are zero in the sorted layout
+// and are left alone in the caller's.
+void to_sorted(const float* src, bool bf, int64_t T, int64_t B, int64_t F, const Segments& g, float* dst) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < B; ++j) {
+      float* d = dst + (t * B + j) * F;
+      if (t < g.len[j])
+        std::memcpy(d, src + seq_row(bf, T, B, t, g.order[j]) * F, sizeof(float) * F);
+      else
+        std::memset(d, 0, sizeof(float) * F);
+    }
+}
+void from_sorted(const float* src, bool bf, int64_t T, int64_t B, int64_t F, const Segments& g, float* dst) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < B; ++j)
+      if (t < g.len[j]) std::memcpy(dst + seq_row(bf, T, B, t, g.order[j]) * F, src + (t * B + j) * F, sizeof(float) * F);
+}
+// Columns [c0, c0 + w) of steps [t0, t1) of the first n rows of a sorted [T, B, C] tensor
+// <-> a dense [t1 - t0, n, w] block; add_block adds instead of copying.
+void get_block(const float* src, int64_t B, int64_t C, int64_t t0, int64_t t1, int64_t n, int64_t c0, int64_t w, float* dst) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(dst + ((t - t0) * n + j) * w, src + (t * B + j) * C + c0, sizeof(float) * w);
+}
+void put_block(const float* src, int64_t B, int64_t C, int64_t t0, int64_t t1, int64_t n, int64_t c0, int64_t w, float* dst) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(dst + (t * B + j) * C + c0, src + ((t - t0) * n + j) * w, sizeof(float) * w);
+}
+void add_block(const float* src, int64_t B, int64_t C, int64_t t0, int64_t t1, int64_t n, float* dst) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t j = 0; j < n; ++j) {
+      float* d = dst + (t * B + j) * C;
+      const float* a = src + ((t - t0) * n + j) * C;
+      for (int64_t k = 0; k < C; ++k) d[k] += a[k];
+    }
+}
+// Direction d of layer l of a [L*D, B, W] state tensor <-> sorted [B, W] (zeros when undefined).
+void state_to_sorted(const Tensor& full, int64_t idx, int64_t B, int64_t W, const Segments& g, float* dst) {
+  for (int64_t j = 0; j < B; ++j) {
+    if (full.defined())
+      std::memcpy(dst + j * W, full.data<float>() + (idx * B + g.order[j]) * W, sizeof(float) * W);
+    else
+      std::memset(dst + j * W, 0, sizeof(float) * W);
+  }
+}
+void state_from_sorted(const float* src, int64_t idx, int64_t B, int64_t W, const Segments& g, float* full) {
+  for (int64_t j = 0; j < B; ++j) std::memcpy(full + (idx * B + g.order[j]) * W, src + j * W, sizeof(float) * W);
+}
 
 enum Which { kWl, kWi, kWp, kBias, kWhich };
 
@@ -158,7 +242,9 @@ class OnednnBackend final : public LstmBackend {
  private:
   // ---- Primitives, per (layer, steps, batch, kind, src ntc, dst ntc) ----
   enum Kind { kInfer, kTrain, kBackward };
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, bool>;
+  // dir: -1 the layer's directions in one primitive; 0 / 1 one direction alone (left to right /
+  // right to left), for the segments of a variable-length batch.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, bool, int>;
   struct Prim {
     dnnl::lstm_forward::primitive_desc fwd;
     dnnl::lstm_backward::primitive_desc bwd;
@@ -171,13 +257,16 @@ class OnednnBackend final : public LstmBackend {
                                 : dnnl::rnn_direction::unidirectional_left2right;
   }
 
-  Prim& prim(int64_t l, int64_t Tg, int64_t n, Kind kind, bool src_ntc, bool dst_ntc) {
-    const Key key{l, Tg, n, kind, src_ntc, dst_ntc};
+  Prim& prim(int64_t l, int64_t Tg, int64_t n, Kind kind, bool src_ntc, bool dst_ntc, int dir = -1) {
+    const Key key{l, Tg, n, kind, src_ntc, dst_ntc, dir};
     auto it = prims_.find(key);
     if (it != prims_.end()) return it->second;
     const LstmSpec& s = spec();
     const int64_t In = s.layer_input_size(l), H = s.hidden_size, P = s.proj_size, Hout = s.out_size(),
-                  D = s.directions();
+                  D = dir < 0 ? s.directions() : 1;
+    const dnnl::rnn_direction rd = dir < 0   ? direction()
+                                   : dir == 0 ? dnnl::rnn_direction::unidirectional_left2right
+                                              : dnnl::rnn_direction::unidirectional_right2left;
     const memory::desc src = md({Tg, n, In}, src_ntc ? tag::ntc : tag::tnc);
     const memory::desc dst = md({Tg, n, D * Hout}, dst_ntc ? tag::ntc : tag::tnc);
     const memory::desc h = md({1, D, n, Hout}, tag::ldnc), c = md({1, D, n, H}, tag::ldnc);
@@ -188,15 +277,15 @@ class OnednnBackend final : public LstmBackend {
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     Prim pr;
     if (kind == kBackward) {
-      const Prim& f = prim(l, Tg, n, kTrain, src_ntc, dst_ntc);
-      dnnl::lstm_backward::desc bd(dnnl::prop_kind::backward, direction(), src, h, c, wl, wi, memory::desc(), wp, bias,
+      const Prim& f = prim(l, Tg, n, kTrain, src_ntc, dst_ntc, dir);
+      dnnl::lstm_backward::desc bd(dnnl::prop_kind::backward, rd, src, h, c, wl, wi, memory::desc(), wp, bias,
                                    dst, h, c, src, h, c, wl, wi, memory::desc(), wp, bias, dst, h, c);
       pr.bwd = dnnl::lstm_backward::primitive_desc(bd, attr, eng_, f.fwd);
       pr.p = dnnl::lstm_backward(pr.bwd);
       pr.scratch = memory(pr.bwd.scratchpad_desc(), eng_);
     } else {
       dnnl::lstm_forward::desc fd(kind == kTrain ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
-                                  direction(), src, h, c, wl, wi, memory::desc(), wp, bias, dst, h, c);
+                                  rd, src, h, c, wl, wi, memory::desc(), wp, bias, dst, h, c);
       pr.fwd = dnnl::lstm_forward::primitive_desc(fd, attr, eng_);
       pr.p = dnnl::lstm_forward(pr.fwd);
       pr.scratch = memory(pr.fwd.scratchpad_desc(), eng_);
@@ -206,7 +295,7 @@ class OnednnBackend final : public LstmBackend {
 
   // ---- Weights ----
   struct Packed {
-    int which;
+    int which, dir;
     memory::desc desc;
     memory mem;
     uint64_t version;
@@ -217,9 +306,10 @@ class OnednnBackend final : public LstmBackend {
     std::vector<Packed> packed;
   };
 
-  memory::dims plain_dims(int64_t l, int which) const {
+  // dir < 0: both directions; else that one.
+  memory::dims plain_dims(int64_t l, int which, int dir = -1) const {
     const LstmSpec& s = spec();
-    const int64_t In = s.layer_input_size(l), H = s.hidden_size, D = s.directions();
+    const int64_t In = s.layer_input_size(l), H = s.hidden_size, D = dir < 0 ? s.directions() : 1;
     switch (which) {
       case kWl: return {1, D, In, 4, H};
       case kWi: return {1, D, s.out_size(), 4, H};
@@ -278,18 +368,22 @@ class OnednnBackend final : public LstmBackend {
     }
   }
 
-  // Layer l's weights `which` in oneDNN's layout `desc`, reordered when the values changed.
-  memory& packed(int64_t l, int which, const memory::desc& desc) {
+  // Layer l's weights `which` (direction dir, or both when dir < 0) in oneDNN's layout `desc`,
+  // reordered when the values changed.
+  memory& packed(int64_t l, int which, const memory::desc& desc, int dir = -1) {
     LayerWeights& lw = layers_[l];
     Packed* p = nullptr;
     for (auto& q : lw.packed)
-      if (q.which == which && q.desc == desc) p = &q;
+      if (q.which == which && q.dir == dir && q.desc == desc) p = &q;
     if (!p) {
-      lw.packed.push_back({which, desc, memory(desc, eng_), 0});
+      lw.packed.push_back({which, dir, desc, memory(desc, eng_), 0});
       p = &lw.packed.back();
     }
     if (p->version != lw.version) {
-      memory src(md(plain_dims(l, which), plain_tag(which)), eng_, lw.plain[which].data());
+      const memory::dims dims = plain_dims(l, which, dir);
+      int64_t per = 1;
+      for (size_t k = 2; k < dims.size(); ++k) per *= dims[k];
+      memory src(md(dims, plain_tag(which)), eng_, lw.plain[which].data() + std::max(dir, 0) * per);
       dnnl::reorder(src, p->mem).execute(strm_, src, p->mem);
       strm_.wait();
       p->version = lw.version;
@@ -306,6 +400,7 @@ class OnednnBackend final : public LstmBackend {
     refresh_weights(weights);
     const std::vector<Group> groups = group_by_length(in.lengths, T, B);
     const bool direct = groups.size() == 1 && groups[0].T == T;
+    if (!direct) return forward_segmented(in, T, B, training, rng, saved);
     LstmOutput out;
     out.output = direct ? Tensor::empty(bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout}, DType::F32)
                         : Tensor::zeros(bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout}, DType::F32);
@@ -447,6 +542,7 @@ class OnednnBackend final : public LstmBackend {
     const Tensor dcn = checked(grad.d_c_n, Shape{LD, B, H}, "d_c_n");
     refresh_weights(weights);
 
+    if (sv.groups.empty()) return backward_segmented(sv, dy, dhn, dcn, dw);
     const bool direct = sv.groups.size() == 1 && sv.groups[0].direct;
     const Shape xshape = bf ? Shape{B, T, s.input_size} : Shape{T, B, s.input_size};
     LstmGrads r;
@@ -523,20 +619,208 @@ class OnednnBackend final : public LstmBackend {
     return r;
   }
 
+  // ---- Variable lengths: time segments of a shrinking batch ----
+  //
+  // Sorted longest first, the sequences still running at step t are a prefix of the batch, the
+  // same for every step between two consecutive distinct lengths. Each layer and direction runs
+  // one primitive per such segment on that prefix (PyTorch's packed layout, a segment at a time):
+  // left to right the states carry from segment to segment and a sequence's h_n/c_n is what it
+  // holds after its last segment; right to left the segments run latest first and a sequence
+  // joins, from h0/c0, at the segment that holds its last step. The backward runs the segments
+  // in the opposite order, carrying the state gradients the same way. A layer's input and output
+  // live in the sorted layout [T, B, C] with zeros past each length.
+  LstmOutput forward_segmented(const LstmInput& in, int64_t T, int64_t B, bool training, Rng* rng,
+                               std::unique_ptr<LstmSaved>* saved) {
+    const LstmSpec& s = spec();
+    const int64_t H = s.hidden_size, Hout = s.out_size(), D = s.directions(), L = s.num_layers;
+    const bool bf = s.batch_first, train = saved != nullptr;
+    std::unique_ptr<Saved> sv = std::make_unique<Saved>();
+    sv->owner = this;
+    sv->T = T;
+    sv->B = B;
+    sv->has_h0 = in.h0.defined();
+    sv->has_c0 = in.c0.defined();
+    sv->seg = make_segments(in.lengths, B);
+    const Segments& g = sv->seg;
+    const int64_t m = g.count();
+    LstmOutput out;
+    out.output = Tensor::zeros(bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout}, DType::F32);
+    out.h_n = Tensor::empty({L * D, B, Hout}, DType::F32);
+    out.c_n = Tensor::empty({L * D, B, H}, DType::F32);
+    Tensor cur = Tensor::empty({T, B, s.input_size}, DType::F32);
+    to_sorted(in.x.data<float>(), bf, T, B, s.input_size, g, cur.data<float>());
+    Tensor h = Tensor::empty({B, Hout}, DType::F32), c = Tensor::empty({B, H}, DType::F32);
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t In = s.layer_input_size(l);
+      LayerSegs ls;
+      if (l > 0 && training && s.dropout > 0) {
+        LSTM_REQUIRE(rng, "onednn LSTM: dropout in training needs an Rng");
+        ls.mask = Tensor::empty(cur.shape(), DType::F32);
+        float* mk = ls.mask.data<float>();
+        float* x = cur.data<float>();
+        const float keep = static_cast<float>(1.0 / (1.0 - s.dropout));
+        for (int64_t i = 0; i < cur.numel(); ++i) {
+          mk[i] = rng->uniform() < s.dropout ? 0.0f : keep;
+          x[i] *= mk[i];
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        Tensor src = Tensor::empty({g.bounds[i + 1] - g.bounds[i], g.active[i], In}, DType::F32);
+        get_block(cur.data<float>(), B, In, g.bounds[i], g.bounds[i + 1], g.active[i], 0, In, src.data<float>());
+        ls.src.push_back(src);
+      }
+      Tensor y = Tensor::zeros({T, B, D * Hout}, DType::F32);
+      ls.dirs.resize(static_cast<size_t>(D));
+      for (int64_t d = 0; d < D; ++d) {
+        const int pdir = D == 1 ? -1 : static_cast<int>(d);
+        state_to_sorted(in.h0, l * D + d, B, Hout, g, h.data<float>());
+        state_to_sorted(in.c0, l * D + d, B, H, g, c.data<float>());
+        ls.dirs[d].resize(static_cast<size_t>(m));
+        for (int64_t k = 0; k < m; ++k) {
+          const int64_t i = d == 0 ? k : m - 1 - k, n = g.active[i], steps = g.bounds[i + 1] - g.bounds[i];
+          SegRun r;
+          r.h0 = Tensor::empty({1, n, Hout}, DType::F32);
+          r.c0 = Tensor::empty({1, n, H}, DType::F32);
+          std::memcpy(r.h0.raw(), h.raw(), sizeof(float) * n * Hout);
+          std::memcpy(r.c0.raw(), c.raw(), sizeof(float) * n * H);
+          r.hn = Tensor::empty({1, n, Hout}, DType::F32);
+          r.cn = Tensor::empty({1, n, H}, DType::F32);
+          r.dst = Tensor::empty({steps, n, Hout}, DType::F32);
+          Prim& pr = prim(l, steps, n, train ? kTrain : kInfer, false, false, pdir);
+          const auto& pd = pr.fwd;
+          std::unordered_map<int, memory> args{
+              {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(ls.src[i]))},
+              {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(r.h0))},
+              {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(r.c0))},
+              {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc(), pdir)},
+              {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc(), pdir)},
+              {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc(), pdir)},
+              {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(r.dst))},
+              {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(r.hn))},
+              {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(r.cn))},
+              {DNNL_ARG_SCRATCHPAD, pr.scratch}};
+          if (s.proj_size > 0)
+            args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc(), pdir));
+          if (train) {
+            r.ws = Tensor::empty({static_cast<int64_t>(pd.workspace_desc().get_size())}, DType::U8);
+            args.emplace(DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(r.ws)));
+          }
+          pr.p.execute(strm_, args);
+          strm_.wait();
+          std::memcpy(h.raw(), r.hn.raw(), sizeof(float) * n * Hout);
+          std::memcpy(c.raw(), r.cn.raw(), sizeof(float) * n * H);
+          put_block(r.dst.data<float>(), B, D * Hout, g.bounds[i], g.bounds[i + 1], n, d * Hout, Hout, y.data<float>());
+          if (train) ls.dirs[d][i] = std::move(r);
+        }
+        state_from_sorted(h.data<float>(), l * D + d, B, Hout, g, out.h_n.data<float>());
+        state_from_sorted(c.data<float>(), l * D + d, B, H, g, out.c_n.data<float>());
+      }
+      if (train) sv->seg_layers.push_back(std::move(ls));
+      cur = y;
+    }
+    from_sorted(cur.data<float>(), bf, T, B, D * Hout, g, out.output.data<float>());
+    last_run_ = "onednn, " + std::to_string(m) + " length segments";
+    if (train) *saved = std::move(sv);
+    return out;
+  }
+
+  LstmGrads backward_segmented(const Saved& sv, const Tensor& dy, const Tensor& dhn, const Tensor& dcn,
+                               std::vector<Tensor>& dw) {
+    const LstmSpec& s = spec();
+    const int64_t T = sv.T, B = sv.B, H = s.hidden_size, Hout = s.out_size(), D = s.directions(), L = s.num_layers;
+    const bool bf = s.batch_first;
+    const Segments& g = sv.seg;
+    const int64_t m = g.count();
+    diffs_.clear();
+    Tensor dcur = Tensor::zeros({T, B, D * Hout}, DType::F32);
+    if (dy.defined()) to_sorted(dy.data<float>(), bf, T, B, D * Hout, g, dcur.data<float>());
+    Tensor dh0 = Tensor::empty({L * D, B, Hout}, DType::F32), dc0 = Tensor::empty({L * D, B, H}, DType::F32);
+    Tensor dh = Tensor::empty({B, Hout}, DType::F32), dc = Tensor::empty({B, H}, DType::F32);
+    for (int64_t l = L - 1; l >= 0; --l) {
+      const LayerSegs& ls = sv.seg_layers[l];
+      const int64_t In = s.layer_input_size(l);
+      Tensor dprev = Tensor::zeros({T, B, In}, DType::F32);
+      for (int64_t d = 0; d < D; ++d) {
+        const int pdir = D == 1 ? -1 : static_cast<int>(d);
+        state_to_sorted(dhn, l * D + d, B, Hout, g, dh.data<float>());
+        state_to_sorted(dcn, l * D + d, B, H, g, dc.data<float>());
+        for (int64_t k = 0; k < m; ++k) {
+          const int64_t i = d == 0 ? m - 1 - k : k, n = g.active[i], t0 = g.bounds[i], t1 = g.bounds[i + 1];
+          const SegRun& r = ls.dirs[d][i];
+          Tensor ddst = Tensor::empty({t1 - t0, n, Hout}, DType::F32);
+          get_block(dcur.data<float>(), B, D * Hout, t0, t1, n, d * Hout, Hout, ddst.data<float>());
+          Tensor dhi = Tensor::empty({1, n, Hout}, DType::F32), dci = Tensor::empty({1, n, H}, DType::F32);
+          std::memcpy(dhi.raw(), dh.raw(), sizeof(float) * n * Hout);
+          std::memcpy(dci.raw(), dc.raw(), sizeof(float) * n * H);
+          Tensor dsrc = Tensor::empty({t1 - t0, n, In}, DType::F32);
+          Tensor dho = Tensor::empty({1, n, Hout}, DType::F32), dco = Tensor::empty({1, n, H}, DType::F32);
+          Prim& pr = prim(l, t1 - t0, n, kBackward, false, false, pdir);
+          const auto& pd = pr.bwd;
+          std::unordered_map<int, memory> args{
+              {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(ls.src[i]))},
+              {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(r.h0))},
+              {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(r.c0))},
+              {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc(), pdir)},
+              {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc(), pdir)},
+              {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc(), pdir)},
+              {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(r.dst))},
+              {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(r.hn))},
+              {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(r.cn))},
+              {DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(r.ws))},
+              {DNNL_ARG_DIFF_DST_LAYER, memory(pd.diff_dst_layer_desc(), eng_, ptr(ddst))},
+              {DNNL_ARG_DIFF_DST_ITER, memory(pd.diff_dst_iter_desc(), eng_, ptr(dhi))},
+              {DNNL_ARG_DIFF_DST_ITER_C, memory(pd.diff_dst_iter_c_desc(), eng_, ptr(dci))},
+              {DNNL_ARG_DIFF_SRC_LAYER, memory(pd.diff_src_layer_desc(), eng_, ptr(dsrc))},
+              {DNNL_ARG_DIFF_SRC_ITER, memory(pd.diff_src_iter_desc(), eng_, ptr(dho))},
+              {DNNL_ARG_DIFF_SRC_ITER_C, memory(pd.diff_src_iter_c_desc(), eng_, ptr(dco))},
+              {DNNL_ARG_DIFF_WEIGHTS_LAYER, diff(l, kWl, pd.diff_weights_layer_desc(), pdir)},
+              {DNNL_ARG_DIFF_WEIGHTS_ITER, diff(l, kWi, pd.diff_weights_iter_desc(), pdir)},
+              {DNNL_ARG_DIFF_BIAS, diff(l, kBias, pd.diff_bias_desc(), pdir)},
+              {DNNL_ARG_SCRATCHPAD, pr.scratch}};
+          if (s.proj_size > 0) {
+            args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc(), pdir));
+            args.emplace(DNNL_ARG_DIFF_WEIGHTS_PROJECTION, diff(l, kWp, pd.diff_weights_projection_desc(), pdir));
+          }
+          pr.p.execute(strm_, args);
+          strm_.wait();
+          std::memcpy(dh.raw(), dho.raw(), sizeof(float) * n * Hout);
+          std::memcpy(dc.raw(), dco.raw(), sizeof(float) * n * H);
+          add_block(dsrc.data<float>(), B, In, t0, t1, n, dprev.data<float>());
+        }
+        state_from_sorted(dh.data<float>(), l * D + d, B, Hout, g, dh0.data<float>());
+        state_from_sorted(dc.data<float>(), l * D + d, B, H, g, dc0.data<float>());
+      }
+      if (ls.mask.defined()) {
+        float* x = dprev.data<float>();
+        const float* mk = ls.mask.data<float>();
+        for (int64_t i = 0; i < dprev.numel(); ++i) x[i] *= mk[i];
+      }
+      dcur = dprev;
+    }
+    add_weight_grads(dw);
+    LstmGrads r;
+    r.d_x = Tensor::zeros(bf ? Shape{B, T, s.input_size} : Shape{T, B, s.input_size}, DType::F32);
+    from_sorted(dcur.data<float>(), bf, T, B, s.input_size, g, r.d_x.data<float>());
+    if (sv.has_h0) r.d_h0 = dh0;
+    if (sv.has_c0) r.d_c0 = dc0;
+    last_run_ = "onednn, " + std::to_string(m) + " length segments";
+    return r;
+  }
+
   // Scratch gradient of layer l's weights `which` in oneDNN's layout `desc`, zero at the first use
   // in a backward (oneDNN adds into it).
   struct Diff {
     int64_t layer;
-    int which;
+    int which, dir;
     memory::desc desc;
     memory mem;
   };
-  memory& diff(int64_t l, int which, const memory::desc& desc) {
+  memory& diff(int64_t l, int which, const memory::desc& desc, int dir = -1) {
     for (auto& q : diffs_)
-      if (q.layer == l && q.which == which && q.desc == desc) return q.mem;
+      if (q.layer == l && q.which == which && q.dir == dir && q.desc == desc) return q.mem;
     memory m(desc, eng_);
     std::memset(m.get_data_handle(), 0, desc.get_size());
-    diffs_.push_back({l, which, desc, m});
+    diffs_.push_back({l, which, dir, desc, m});
     return diffs_.back().mem;
   }
 
@@ -545,16 +829,17 @@ class OnednnBackend final : public LstmBackend {
     const LstmSpec& s = spec();
     for (auto& q : diffs_) {
       if (q.which == kBias && !s.bias) continue;
-      const memory::dims dims = plain_dims(q.layer, q.which);
+      const memory::dims dims = plain_dims(q.layer, q.which, q.dir);
       int64_t per = 1;
       for (size_t k = 2; k < dims.size(); ++k) per *= dims[k];
       std::vector<float> plain(static_cast<size_t>(dims[1] * per));
       memory dst(md(dims, plain_tag(q.which)), eng_, plain.data());
       dnnl::reorder(q.mem, dst).execute(strm_, q.mem, dst);
       strm_.wait();
-      for (int64_t d = 0; d < s.directions(); ++d) {
+      for (int64_t k = 0; k < dims[1]; ++k) {
+        const int64_t d = q.dir < 0 ? k : q.dir;
         const auto sl = s.slots(q.layer, d);
-        const float* src = plain.data() + d * per;
+        const float* src = plain.data() + k * per;
         auto add = [&](int i) {
           float* t = dw[i].data<float>();
           for (int64_t j = 0; j < per; ++j) t[j] += src[j];

@@ -33,7 +33,7 @@ std::vector<LstmBackendEntry> build_registry() {
                   cpu::onednn_built()
                       ? "CPU, F32: oneDNN " + cpu::onednn_version() +
                             "'s fused LSTM primitives (PyTorch's CPU nn.LSTM's library): one primitive per layer, "
-                            "both directions in it; variable lengths as one run per group of equal length"
+                            "both directions in it; variable lengths as time segments of a shrinking batch"
                       : std::string("CPU, F32: oneDNN's fused LSTM primitives; not in this binary: built without "
                                     "oneDNN (install libdnnl-dev and reconfigure)"),
                   false, true, true,
