@@ -47,25 +47,11 @@ using mdt = memory::data_type;
 
 memory::desc md(const memory::dims& dims, tag t) { return memory::desc(dims, mdt::f32, t); }
 
-// Sequences of one length, in batch order.
+// Sequences of one length (T), in batch order.
 struct Group {
   int64_t T = 0;
   std::vector<int64_t> idx;
 };
-
-// Groups of equal length, longest first; lengths empty means every sequence has T steps.
-std::vector<Group> group_by_length(const std::vector<int64_t>& len, int64_t T, int64_t B) {
-  std::map<int64_t, Group, std::greater<>> by;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = len.empty() ? T : len[static_cast<size_t>(b)];
-    Group& g = by[n];
-    g.T = n;
-    g.idx.push_back(b);
-  }
-  std::vector<Group> r;
-  for (auto& [n, g] : by) r.push_back(std::move(g));
-  return r;
-}
 
 // Row (t, b) of a [T, B, F] ([B, T, F] when bf) tensor.
 inline size_t seq_row(bool bf, int64_t T, int64_t B, int64_t t, int64_t b) {
@@ -398,9 +384,13 @@ class OnednnBackend final : public LstmBackend {
     const int64_t H = s.hidden_size, Hout = s.out_size(), D = s.directions(), L = s.num_layers;
     const bool bf = s.batch_first, train = saved != nullptr;
     refresh_weights(weights);
-    const std::vector<Group> groups = group_by_length(in.lengths, T, B);
-    const bool direct = groups.size() == 1 && groups[0].T == T;
+    const bool direct = std::all_of(in.lengths.begin(), in.lengths.end(), [&](int64_t n) { return n == T; });
     if (!direct) return forward_segmented(in, T, B, training, rng, saved);
+    // Every sequence has T steps: one group, the whole batch in order, on the caller's tensors
+    // where the layouts allow (the group helpers below are the identity then, but for layouts).
+    std::vector<Group> groups(1);
+    groups[0].T = T;
+    for (int64_t b = 0; b < B; ++b) groups[0].idx.push_back(b);
     LstmOutput out;
     out.output = direct ? Tensor::empty(bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout}, DType::F32)
                         : Tensor::zeros(bf ? Shape{B, T, D * Hout} : Shape{T, B, D * Hout}, DType::F32);
