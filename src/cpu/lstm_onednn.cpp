@@ -228,6 +228,7 @@ class OnednnBackend final : public LstmBackend {
  private:
   // ---- Primitives, per (layer, steps, batch, kind, src ntc, dst ntc) ----
   enum Kind { kInfer, kTrain, kBackward };
+  static constexpr size_t kMaxPrims = 256;
   // dir: -1 the layer's directions in one primitive; 0 / 1 one direction alone (left to right /
   // right to left), for the segments of a variable-length batch.
   using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, bool, int>;
@@ -247,6 +248,10 @@ class OnednnBackend final : public LstmBackend {
     const Key key{l, Tg, n, kind, src_ntc, dst_ntc, dir};
     auto it = prims_.find(key);
     if (it != prims_.end()) return it->second;
+    // Variable lengths make a new (steps, batch) per segment shape; keep a bounded set (a plan
+    // made again costs little: oneDNN caches its own primitives). Cleared before the nested call
+    // below, so no reference handed out in this call dangles.
+    if (prims_.size() >= kMaxPrims) prims_.clear();
     const LstmSpec& s = spec();
     const int64_t In = s.layer_input_size(l), H = s.hidden_size, P = s.proj_size, Hout = s.out_size(),
                   D = dir < 0 ? s.directions() : 1;
