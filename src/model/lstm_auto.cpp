@@ -1,8 +1,8 @@
 // Algo::Auto: the first call with a shape (batch, steps, variable lengths or not, training or
 // inference, h0/c0 or not) times every registered backend that accepts it on the device and keeps
 // the fastest. On a GPU the candidates are cuDNN's algorithms and our kernels; on the CPU the
-// reference and onednn (which wins moves with the shape and the oneDNN version: Debian's oneDNN
-// 2.6 won most inference shapes and lost training at hidden 512, batch 32, docs/DESIGN.md).
+// reference and onednn (which wins moves with the shape, the thread count and the oneDNN version:
+// the reference's per-thread blocks of W_hh won some batch-1 shapes, docs/DESIGN.md).
 // Where one backend alone accepts the case (F64 on the CPU: the reference), it runs unmeasured.
 //
 // Why measure rather than rule: which backend wins moves with the shape, the dtype and the GPU
