@@ -4,12 +4,13 @@
 //
 //   bench_cpu_lstm [--threads N] [--repeats N] [--warmup N] [--json FILE] [--quick]
 //                  [--hidden 128,512] [--batch 1,32] [--layers 1,2] [--steps 100]
-//                  [--modes fwd,fwdbwd] [--algo reference]
+//                  [--modes fwd,fwdbwd] [--algo reference[,onednn,...]]
 //
 // Input size = hidden size, fp32, unidirectional, no bias-free or projection variants, equal
 // lengths, h0/c0 zero (undefined), as nn.LSTM's defaults. Each timed repeat is one call (fwd) or
 // one training forward plus one backward (fwdbwd); the weight gradients are zeroed before each
-// repeat outside the timed region, as the torch script zeroes .grad.
+// repeat outside the timed region, as the torch script zeroes .grad. --algo takes a list: each case
+// runs every algorithm in turn before the next case, so that they meet the same machine load.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -51,7 +52,7 @@ struct Options {
   std::cerr << "bench_cpu_lstm: " << msg << "\n"
             << "usage: bench_cpu_lstm [--threads N] [--repeats N] [--warmup N] [--json FILE] [--quick]\n"
             << "                      [--hidden LIST] [--batch LIST] [--layers LIST] [--steps LIST]\n"
-            << "                      [--modes fwd,fwdbwd] [--algo NAME]\n";
+            << "                      [--modes fwd,fwdbwd] [--algo NAME[,NAME...]]\n";
   std::exit(2);
 }
 
@@ -199,7 +200,11 @@ Timing run_case(lstm::Algo algo, const Case& c, int warmup, int repeats, uint64_
 int main(int argc, char** argv) {
   Options opt = parse_args(argc, argv);
   try {
-    lstm::Algo algo = lstm::algo_from_name(opt.algo);
+    std::vector<lstm::Algo> algos;
+    for (const auto& name : split_commas(opt.algo)) algos.push_back(lstm::algo_from_name(name));
+    if (algos.empty()) usage_error("--algo expects one or more algorithm names");
+    std::string algo_list;
+    for (lstm::Algo a : algos) algo_list += std::string(algo_list.empty() ? "" : ",") + lstm::algo_name(a);
     if (opt.threads > 0) lstm::set_num_threads(opt.threads);
     const int threads = lstm::num_threads();
 
@@ -219,29 +224,32 @@ int main(int argc, char** argv) {
           for (int64_t T : opt.steps)
             for (const auto& m : opt.modes) cases.push_back({H, B, T, L, m});
 
-    std::printf("lstm-engine CPU LSTM (%s, f32), %d thread(s), warm-up %d, median of %d\n",
-                lstm::algo_name(algo), threads, opt.warmup, opt.repeats);
-    std::printf("%3s %5s %4s %5s %-7s %11s %11s %10s %9s\n", "L", "H", "B", "T", "mode", "median ms",
+    std::printf("lstm-engine CPU LSTM (%s, f32), %d thread(s), warm-up %d, median of %d\n", algo_list.c_str(),
+                threads, opt.warmup, opt.repeats);
+    std::printf("%-10s %3s %5s %4s %5s %-7s %11s %11s %10s %9s\n", "algo", "L", "H", "B", "T", "mode", "median ms",
                 "min ms", "us/step", "GFLOP/s");
     std::fflush(stdout);
 
     uint64_t seed = 1;
     for (const auto& c : cases) {
-      Timing t = run_case(algo, c, opt.warmup, opt.repeats, seed++);
-      std::printf("%3lld %5lld %4lld %5lld %-7s %11.3f %11.3f %10.2f %9.2f\n", static_cast<long long>(c.L),
-                  static_cast<long long>(c.H), static_cast<long long>(c.B), static_cast<long long>(c.T),
-                  c.mode.c_str(), t.median_ms, t.min_ms, 1000.0 * t.median_ms / static_cast<double>(c.T),
-                  gflop(c) / (t.median_ms * 1e-3));
-      std::fflush(stdout);
-      if (json.is_open()) {
-        nlohmann::json row = {{"impl", "lstm-engine"}, {"algo", lstm::algo_name(algo)},
-                              {"dtype", "f32"},        {"H", c.H},
-                              {"B", c.B},              {"T", c.T},
-                              {"L", c.L},              {"mode", c.mode},
-                              {"threads", threads},    {"ms_median", t.median_ms},
-                              {"ms_min", t.min_ms},    {"repeats", opt.repeats}};
-        // Flushed per row so that a run cut short by a time limit still leaves its finished rows.
-        json << row.dump() << "\n" << std::flush;
+      ++seed;  // the same inputs and weights for every algorithm of a case
+      for (lstm::Algo algo : algos) {
+        Timing t = run_case(algo, c, opt.warmup, opt.repeats, seed);
+        std::printf("%-10s %3lld %5lld %4lld %5lld %-7s %11.3f %11.3f %10.2f %9.2f\n", lstm::algo_name(algo),
+                    static_cast<long long>(c.L), static_cast<long long>(c.H), static_cast<long long>(c.B),
+                    static_cast<long long>(c.T), c.mode.c_str(), t.median_ms, t.min_ms,
+                    1000.0 * t.median_ms / static_cast<double>(c.T), gflop(c) / (t.median_ms * 1e-3));
+        std::fflush(stdout);
+        if (json.is_open()) {
+          nlohmann::json row = {{"impl", "lstm-engine"}, {"algo", lstm::algo_name(algo)},
+                                {"dtype", "f32"},        {"H", c.H},
+                                {"B", c.B},              {"T", c.T},
+                                {"L", c.L},              {"mode", c.mode},
+                                {"threads", threads},    {"ms_median", t.median_ms},
+                                {"ms_min", t.min_ms},    {"repeats", opt.repeats}};
+          // Flushed per row so that a run cut short by a time limit still leaves its finished rows.
+          json << row.dump() << "\n" << std::flush;
+        }
       }
     }
   } catch (const std::exception& e) {

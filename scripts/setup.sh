@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode=${1:-run}
-pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp nlohmann-json3-dev libcli11-dev
+pkgs=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libdnnl-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev libgmock-dev libbenchmark-dev fortunes fortunes-min python3
       clang-14 libclang-rt-14-dev libomp-14-dev)  # clang: the fuzz targets (libFuzzer, its OpenMP)
 missing=()

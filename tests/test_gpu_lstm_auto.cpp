@@ -1,6 +1,7 @@
-// Algo::Auto: on a GPU the first call with a shape times every registered backend that runs it
-// and keeps the fastest, in a choice file reused by later instances and processes. Without a GPU
-// the GPU tests skip and say why; where the choice file is kept is tested everywhere.
+// Algo::Auto: on a GPU (and on the CPU, among the CPU rows) the first call with a shape times every
+// registered backend that runs it and keeps the fastest, in a choice file reused by later instances
+// and processes. Without a GPU the GPU tests skip and say why; the CPU tests and where the choice
+// file is kept are tested everywhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -112,11 +113,74 @@ TEST(LstmAuto, ChoiceFileLocation) {
   }
 }
 
-// On the CPU, Auto is the reference: nothing is measured.
-TEST(LstmAuto, OnTheCpuIsTheReference) {
+// On the CPU in F64 only the reference runs the case: Auto runs it and measures nothing.
+TEST(LstmAuto, OnTheCpuF64RunsTheReferenceUnmeasured) {
   LstmOptions o;
-  auto be = make_lstm_backend(o, make_spec(4, 8, 1), DType::F64, Device::CPU);
-  EXPECT_EQ(be->name(), "reference");
+  o.auto_cache = "-";
+  const LstmSpec s = make_spec(4, 8, 1);
+  auto be = make_lstm_backend(o, s, DType::F64, Device::CPU);
+  EXPECT_EQ(be->name(), "auto");
+  const Problem p = make_problem(s, 5, 2, 1);
+  const LstmOutput got = be->forward(p.w64, p.in64, false, nullptr, nullptr, ExecContext::cpu());
+  auto ref = lstm::testing::reference_backend(s);
+  const LstmOutput want = ref->forward(p.w64, p.in64, false, nullptr, nullptr, ExecContext::cpu());
+  EXPECT_EQ(rel_l2(got.output, want.output), 0.0);
+  EXPECT_EQ(be->last_run(), "auto: reference");
+  EXPECT_NE(be->log().find("reference, the only backend that runs it"), std::string::npos) << be->log();
+}
+
+// On the CPU in F32 Auto times the CPU rows (the reference and, when built in, onednn) on the
+// first call of a shape, keeps the fastest, and gives the reference's numbers, in inference and
+// in training (gradients included, with variable lengths); the next call measures nothing.
+TEST(LstmAuto, OnTheCpuF32MeasuresTheCpuRows) {
+  const fs::path dir = lstm::testing::temp_dir("lstm_auto", "cpu");
+  const LstmSpec s = make_spec(16, 32, 2, true);
+  auto be = make_lstm_backend(auto_options(dir / "auto.json"), s, DType::F32, Device::CPU);
+  EXPECT_EQ(be->name(), "auto");
+  const Problem p = make_problem(s, 7, 4, 1);
+  std::vector<Tensor> w;
+  for (const auto& t : p.w64) w.push_back(t.to(DType::F32));
+  LstmInput in{p.in64.x.to(DType::F32), {7, 3, 7, 1}, {}, {}};
+  LstmInput in64 = p.in64;
+  in64.lengths = in.lengths;
+  auto ref = lstm::testing::reference_backend(s);
+  const LstmOutput want = ref->forward(p.w64, in64, false, nullptr, nullptr, ExecContext::cpu());
+  const LstmOutput got = be->forward(w, in, false, nullptr, nullptr, ExecContext::cpu());
+  EXPECT_LT(rel_l2(got.output, want.output), 1e-5);
+  EXPECT_LT(rel_l2(got.h_n, want.h_n), 1e-5);
+  EXPECT_LT(rel_l2(got.c_n, want.c_n), 1e-5);
+  const std::string log1 = be->log();
+  std::cout << "[ info ] " << log1;
+  EXPECT_EQ(count_of(log1, "auto ("), 1u) << log1;
+  const bool measured = lstm_backend_entry("onednn").why_not(s, DType::F32, Device::CPU, LstmOptions{}).empty();
+  if (measured) {
+    EXPECT_NE(log1.find(" reference "), std::string::npos) << "the reference was not timed: " << log1;
+    EXPECT_NE(log1.find(" onednn "), std::string::npos) << "onednn was not timed: " << log1;
+    EXPECT_NE(log1.find("picked "), std::string::npos) << log1;
+  } else {
+    EXPECT_NE(log1.find("reference, the only backend that runs it"), std::string::npos) << log1;
+  }
+  be->forward(w, in, false, nullptr, nullptr, ExecContext::cpu());
+  EXPECT_EQ(count_of(be->log(), "auto ("), 1u) << be->log();
+  EXPECT_EQ(fs::exists(dir / "auto.json"), measured) << "the choice file holds measured choices only";
+
+  // Training: another key, measured anew; gradients match the reference's.
+  std::unique_ptr<LstmSaved> saved;
+  Rng r(1);
+  const LstmOutput out = be->forward(w, in, true, &r, &saved, ExecContext::cpu());
+  EXPECT_EQ(count_of(be->log(), "auto ("), 2u) << be->log();
+  Rng dyr(4);
+  Tensor dy64 = random_tensor(out.output.shape(), dyr, 1.0, DType::F64);
+  std::vector<Tensor> dw, dw64;
+  for (const auto& t : w) dw.push_back(Tensor::zeros(t.shape(), DType::F32));
+  for (const auto& t : p.w64) dw64.push_back(Tensor::zeros(t.shape(), DType::F64));
+  const LstmGrads g = be->backward(w, *saved, {dy64.to(DType::F32), {}, {}}, dw, ExecContext::cpu());
+  std::unique_ptr<LstmSaved> rs;
+  ref->forward(p.w64, in64, true, &r, &rs, ExecContext::cpu());
+  const LstmGrads wg = ref->backward(p.w64, *rs, {dy64, {}, {}}, dw64, ExecContext::cpu());
+  EXPECT_LT(rel_l2(g.d_x, wg.d_x), 1e-5);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_LT(rel_l2(dw[i], dw64[i]), 5e-5) << s.param_names()[i];
+  fs::remove_all(dir);
 }
 
 // The first call of a shape measures, picks a row that runs the case, says so, and gives the

@@ -588,9 +588,17 @@ TEST(LstmConformanceRegistry, EveryRowIsTestedOrSaysWhyNot) {
     std::cout << "[ not run  ] " << s.row << " " << s.prec << ": " << s.reason << "\n";
     EXPECT_NE(s.reason, "") << s.row << " " << s.prec;
   }
-  for (const auto& row : lstm_backends())
-    EXPECT_TRUE(std::any_of(l.targets.begin(), l.targets.end(), [&](const Target& t) { return t.row == row.name; }))
-        << "row '" << row.name << "' is tested at no precision";
+  for (const auto& row : lstm_backends()) {
+    if (std::any_of(l.targets.begin(), l.targets.end(), [&](const Target& t) { return t.row == row.name; })) continue;
+    // A row that is listed in every build but whose library this binary was built without (its
+    // why_not says "built without ...") runs nowhere here; say so rather than fail.
+    const std::string why = row.why_not(plain_spec(), DType::F32, Device::CPU, LstmOptions{});
+    if (why.find("built without") != std::string::npos) {
+      std::cout << "[ not run  ] " << row.name << ": " << why << "\n";
+      continue;
+    }
+    ADD_FAILURE() << "row '" << row.name << "' is tested at no precision";
+  }
   for (const std::string p : {"f64", "f32"})
     EXPECT_TRUE(std::any_of(l.targets.begin(), l.targets.end(), [&](const Target& t) {
       return t.entry().algo == Algo::Reference && t.device == Device::CPU && t.prec.name == p;

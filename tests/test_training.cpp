@@ -330,15 +330,17 @@ TEST(Training, FailedCheckpointLeavesNoTemporaryFolder) {
   std::ostringstream log;
   const fs::path run = d / "run", ck = run / "checkpoints";
   train(opts(tiny_config(d), run.string(), false, 2, &log));
-  // Writes of a file as large as the optimizer state fail (as a full disk would, with another
-  // errno): the checkpoint at step 4. The best model (written before it, smaller) still fits.
+  // Writes of a file nearly as large as the optimizer state fail (as a full disk would, with
+  // another errno): the checkpoint at step 4. The best model (written before it, smaller) still
+  // fits. The trainer file's metadata holds timings whose digits vary from run to run (a few
+  // bytes), hence the margin below its size at step 2.
   const auto trainer_bytes = fs::file_size(ck / "step-00000002" / "trainer.safetensors");
-  ASSERT_LT(fs::file_size(run / "best" / "model.safetensors") + 256, trainer_bytes);
+  ASSERT_LT(fs::file_size(run / "best" / "model.safetensors") + 1024, trainer_bytes);
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   auto prev = std::signal(SIGXFSZ, SIG_IGN);
   struct rlimit small = old;
-  small.rlim_cur = trainer_bytes - 1;
+  small.rlim_cur = trainer_bytes - 512;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
   const std::string err = train_error(opts({}, run.string(), true, 4, &log));
   ::setrlimit(RLIMIT_FSIZE, &old);

@@ -242,7 +242,7 @@ int cmd_info(const std::string& model_path, bool allow_nonfinite) {
     std::cout << "  cuda: unavailable: " << cuda_unavailable_reason() << "\n";
   }
   std::cout << "LSTM backends (--algo takes an algorithm or one of these names; auto: the fastest that runs "
-               "the case, measured per shape on a GPU):\n";
+               "the case, measured per shape among the device's backends):\n";
   for (const LstmBackendEntry& r : lstm_backends())
     std::cout << "  " << r.name << (r.baseline ? " (baseline)" : "") << ": " << r.summary << "\n";
   std::cout << "precisions: f64 (CPU), f32, tf32, bf16, f16 (GPU)\n";
@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
   auto add_placement = [&](CLI::App* c) {
     c->add_option("--device", device, "cpu|cuda")->capture_default_str();
     c->add_option("--precision", precision, "f32 (CPU, GPU), tf32|bf16|f16 (GPU)")->capture_default_str();
-    c->add_option("--algo", algo, "LSTM implementation: auto|reference|cudnn|fused|naive (lstm info lists them)")
+    c->add_option("--algo", algo, "LSTM implementation: auto|reference|onednn|cudnn|fused|naive (lstm info lists them)")
         ->capture_default_str();
     c->add_option("--cudnn-algo", cudnn_algo,
                   "cuDNN's algorithm: standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic")
@@ -359,8 +359,8 @@ int main(int argc, char** argv) {
   fwd->add_option("--dtype", dtype_arg, "f64|f32|tf32|bf16|f16 (default: the input's dtype)");
   fwd->add_option("--device", device, "cpu|cuda")->capture_default_str();
   fwd->add_option("--algo", algo_arg,
-                  "an algorithm (auto|reference|cudnn|fused|naive) or a backend of lstm info's list, e.g. "
-                  "cudnn:persist_static (auto: the reference on the CPU, the fastest measured on the GPU)")
+                  "an algorithm (auto|reference|onednn|cudnn|fused|naive) or a backend of lstm info's list, e.g. "
+                  "cudnn:persist_static (auto: the fastest of the device's backends, measured per shape)")
       ->capture_default_str();
   fwd->add_option("--cudnn-algo", fwd_cudnn_algo,
                   "standard|persist_static|persist_dynamic|persist_static_small_h|auto|heuristic (auto: the "

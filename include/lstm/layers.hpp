@@ -48,7 +48,8 @@ struct Param {
 // Where and how a model runs. Parameters and gradients live on `device` (F32 on the GPU);
 // `precision` is the compute precision on the GPU (lstm/device.hpp); on the CPU it must match
 // the parameter dtype (F32 or F64). lstm.algo Auto keeps a layer's own algo when it runs on
-// the device, else picks the device's default (reference on the CPU, cuDNN on the GPU).
+// the device, else picks the device's default (reference on the CPU, cuDNN on the GPU); another
+// lstm.algo (e.g. Onednn on the CPU) runs the LSTM layers with that backend.
 struct Placement {
   Device device = Device::CPU;
   Precision precision = Precision::F32;

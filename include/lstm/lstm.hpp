@@ -27,10 +27,12 @@ namespace lstm {
 // Which implementation runs an LSTM. Reference: the CPU (f64/f32) function every other backend
 // is tested against. Naive: the per-gate GPU baseline of Appleyard et al. (2016), for
 // comparison only. Cudnn: cuDNN's RNN API (LstmOptions::cudnn_algo picks cuDNN's algorithm).
-// Fused: our own kernels. Persistent: our persistent kernels (not built yet). Auto: the fastest
-// backend that supports the case, by measurement (see make_lstm_backend).
-enum class Algo { Reference, Naive, Cudnn, Fused, Persistent, Auto };
-const char* algo_name(Algo a);  // "reference", "naive", "cudnn", "fused", "persistent", "auto"
+// Fused: our own kernels. Persistent: our persistent kernels (not built yet). Onednn: oneDNN's
+// fused LSTM primitives on the CPU (F32; when built with oneDNN). Auto: the fastest backend that
+// supports the case, by measurement (see make_lstm_backend).
+enum class Algo { Reference, Naive, Cudnn, Fused, Persistent, Onednn, Auto };
+// "reference", "naive", "cudnn", "fused", "persistent", "onednn", "auto"
+const char* algo_name(Algo a);
 Algo algo_from_name(const std::string& name);  // throws naming the accepted names
 
 // cuDNN's own algorithm for Algo::Cudnn.
@@ -200,8 +202,8 @@ std::vector<Tensor> make_flat_weights(const LstmSpec& spec, const LstmBackend::F
 
 // How an LSTM runs on a device.
 struct LstmOptions {
-  // Auto: the reference on the CPU; on a GPU the fastest registered backend for the case, by
-  // measurement (see make_lstm_backend).
+  // Auto: the fastest registered backend of the device for the case, by measurement (see
+  // make_lstm_backend); on the CPU the reference and onednn are the candidates.
   Algo algo = Algo::Auto;
   // For Algo::Cudnn (see CudnnAlgo). Heuristic, the default, runs the algorithm PyTorch's nn.LSTM
   // runs for the shape.
@@ -244,7 +246,8 @@ struct LstmBackendEntry {
   bool variable_lengths = true;
   bool initial_state = true;
   // "" when make() can build an instance for spec/dtype/device under these options, otherwise
-  // why not (host-side checks only: nothing runs on a GPU).
+  // why not (host-side checks only: nothing runs on a GPU). A row whose library this binary was
+  // built without says "built without ..." (e.g. onednn without libdnnl-dev).
   std::function<std::string(const LstmSpec&, DType, Device, const LstmOptions&)> why_not;
   std::function<std::unique_ptr<LstmBackend>(const LstmSpec&, DType, Device, const LstmOptions&)> make;
 };
@@ -255,12 +258,13 @@ const LstmBackendEntry& lstm_backend_entry(const std::string& name);
 
 // A new backend instance (owning its descriptors, plans and workspaces) for spec/dtype/device:
 // the row of options.algo (for Cudnn the row "cudnn", which runs options.cudnn_algo), or for
-// Algo::Auto an instance that picks per shape: on the CPU the reference; on a GPU, the first
-// call with a (batch, steps, variable lengths or not, training or not) times every non-baseline
-// row that accepts the case (each cuDNN algorithm among them) and keeps the fastest, remembered
-// in options.auto_cache; its log() and last_run() say what it measured and picked. Throws with
-// the reason when the chosen row does not support the case (e.g. a cuDNN persistent algorithm
-// that rejects the hidden size names the limit).
+// Algo::Auto an instance that picks per shape: the first call with a (batch, steps, variable
+// lengths or not, training or not, h0/c0 or not) times every non-baseline row that accepts the
+// case on the device (on a GPU each cuDNN algorithm among them; on the CPU the reference and
+// onednn; a case only one row accepts, like F64 on the CPU, runs there unmeasured) and keeps the
+// fastest, remembered in options.auto_cache; its log() and last_run() say what it measured and
+// picked. Throws with the reason when the chosen row does not support the case (e.g. a cuDNN
+// persistent algorithm that rejects the hidden size names the limit).
 std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
                                                Device device);
 // make_lstm_backend for the row called `name` (options.algo is ignored).

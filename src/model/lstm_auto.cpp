@@ -1,5 +1,9 @@
-// Algo::Auto on a GPU: the first call with a shape (batch, steps, variable lengths or not,
-// training or inference) times every registered backend that accepts it and keeps the fastest.
+// Algo::Auto: the first call with a shape (batch, steps, variable lengths or not, training or
+// inference, h0/c0 or not) times every registered backend that accepts it on the device and keeps
+// the fastest. On a GPU the candidates are cuDNN's algorithms and our kernels; on the CPU the
+// reference and onednn (which wins moves with the shape, the thread count and the oneDNN version:
+// the reference's per-thread blocks of W_hh won some batch-1 shapes, docs/DESIGN.md).
+// Where one backend alone accepts the case (F64 on the CPU: the reference), it runs unmeasured.
 //
 // Why measure rather than rule: which backend wins moves with the shape, the dtype and the GPU
 // (cuDNN's persistent algorithms win small batches in fp16 and refuse bf16; our fused kernels win
@@ -8,12 +12,14 @@
 // that meets the same shape again measures nothing.
 //
 // What is timed: each candidate warms up until it has settled (its CUDA-graph decision, at most
-// kMaxWarmup calls), then kTimed calls are timed with events and the fastest counts; a training
+// kMaxWarmup calls), then kTimed calls are timed (GPU: events; CPU: the wall clock) and the fastest
+// counts; a training
 // call is a training forward plus a backward of a fixed random d_output into scratch gradients.
 // Trials read the caller's weights and inputs and write only their own outputs; dropout draws
 // from a copy of the caller's Rng, so measuring changes no result and no random stream.
 #include "model/lstm_auto.hpp"
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,7 +28,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cpu/lstm_onednn.hpp"
 #include "lstm/device.hpp"
+#include "lstm/parallel.hpp"
 #if LSTM_HAVE_CUDA
 #include "cuda/exec.hpp"
 #include "cuda/timing.hpp"
@@ -70,8 +78,19 @@ std::vector<std::string> lstm_auto_choices(const LstmSpec& spec, const std::stri
   return lines;
 }
 
-#if LSTM_HAVE_CUDA
 namespace {
+
+// The CPU's model name (from /proc/cpuinfo), "cpu" where it cannot be read.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
+    }
+  return "cpu";
+}
 
 constexpr int kMaxWarmup = 12;
 constexpr int kTimed = 3;
@@ -202,10 +221,20 @@ class AutoBackend final : public LstmBackend {
  private:
   std::string file_key(const Shape& k, const ExecContext& ctx) const {
     std::ostringstream os;
-    std::string gpu = "?";
-    for (const GpuInfo& g : cuda_devices())
-      if (g.index == ctx.device_index) gpu = g.name;
-    os << gpu << " | " << cuda_versions() << " | " << auto_spec_key(spec()) << ' ' << dtype_name(dtype())
+    if (device() == Device::CPU) {
+      // The thread count decides as much as the CPU does.
+      static const std::string model = cpu_model();
+      os << model << " | " << num_threads() << " threads, oneDNN "
+         << (cpu::onednn_built() ? cpu::onednn_version() : std::string("none")) << " | ";
+    } else {
+      std::string gpu = "?";
+#if LSTM_HAVE_CUDA
+      for (const GpuInfo& g : cuda_devices())
+        if (g.index == ctx.device_index) gpu = g.name;
+#endif
+      os << gpu << " | " << cuda_versions() << " | ";
+    }
+    os << auto_spec_key(spec()) << ' ' << dtype_name(dtype())
        << (options_.allow_tf32 ? " tf32" : "") << " graphs:" << graph_mode_name(options_.cuda_graphs) << " | B" << k[0]
        << " T" << k[1] << (k[2] ? " varlen" : "") << (k[3] ? " train" : " infer") << (k[4] ? " h0" : "");
     return os.str();
@@ -240,6 +269,17 @@ class AutoBackend final : public LstmBackend {
     }
     std::ostringstream log;
     log << "auto (" << fk << "):";
+    if (device() == Device::CPU) {
+      // One candidate: nothing to measure (and nothing worth a line in the file).
+      const LstmBackendEntry* only = nullptr;
+      int n = 0;
+      for (const auto& r : lstm_backends())
+        if (refusal(r, k).empty()) only = &r, ++n;
+      if (n == 1) {
+        log_ += log.str() + " " + only->name + ", the only backend that runs it\n";
+        return picks_[k] = instance(*only);
+      }
+    }
     nlohmann::json times = nlohmann::json::object();
     const LstmBackendEntry* best = nullptr;
     double best_us = 0;
@@ -317,12 +357,20 @@ class AutoBackend final : public LstmBackend {
       grad.d_output = dy;
       be.backward(weights, *sv, grad, dw, ctx);
     };
-    const cudaStream_t s = cuda::stream_of(ctx);
     once();
     for (int i = 0; i < kMaxWarmup && !be.settled(); ++i) once();
     double best = 0;
     for (int i = 0; i < kTimed; ++i) {
-      const double us = cuda::time_us(s, once);
+      double us = 0;
+      if (device() == Device::CPU) {
+        const auto t0 = std::chrono::steady_clock::now();
+        once();
+        us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      } else {
+#if LSTM_HAVE_CUDA
+        us = cuda::time_us(cuda::stream_of(ctx), once);
+#endif
+      }
       best = i == 0 ? us : std::min(best, us);
     }
     return best;
@@ -340,13 +388,8 @@ class AutoBackend final : public LstmBackend {
 
 std::unique_ptr<LstmBackend> make_auto_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
                                                     Device device) {
+  if (device == Device::CUDA) require_cuda("LSTM algo 'auto' on the GPU");
   return std::make_unique<AutoBackend>(options, spec, dtype, device);
 }
-#else
-std::unique_ptr<LstmBackend> make_auto_lstm_backend(const LstmOptions&, const LstmSpec&, DType, Device) {
-  require_cuda("LSTM algo 'auto' on the GPU");
-  return nullptr;
-}
-#endif
 
 }  // namespace lstm

@@ -1,4 +1,4 @@
-// Algo::Auto on a GPU (internal): picks a registered backend per shape by measurement.
+// Algo::Auto (internal): picks a registered backend per shape by measurement, on a GPU or the CPU.
 #pragma once
 
 #include <memory>
@@ -7,7 +7,7 @@
 
 namespace lstm {
 
-// See make_lstm_backend in lstm/lstm.hpp. device is Device::CUDA.
+// See make_lstm_backend in lstm/lstm.hpp. Throws on Device::CUDA where no GPU is usable.
 std::unique_ptr<LstmBackend> make_auto_lstm_backend(const LstmOptions& options, const LstmSpec& spec, DType dtype,
                                                     Device device);
 

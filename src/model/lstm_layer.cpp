@@ -88,8 +88,9 @@ class LstmLayer final : public Layer {
     if (placement_.device == Device::CUDA) return forward_gpu(in, training, rng);
 #endif
     if (!cpu_ || cpu_->dtype() != in.data.dtype()) {
-      LstmOptions o;
-      o.algo = algo_;
+      // The placement's algorithm when it names one (e.g. --algo onednn), else the layer's own.
+      LstmOptions o = placement_.lstm;
+      if (o.algo == Algo::Auto) o.algo = algo_;
       cpu_ = make_lstm_backend(o, spec_, in.data.dtype(), Device::CPU);
     }
     LstmInput li{in.data, in.lengths, {}, {}};
@@ -144,6 +145,7 @@ class LstmLayer final : public Layer {
           }
       }
       drop_gpu();
+      cpu_.reset();  // made anew for the placement's algorithm at the next forward
       placement_ = p;
       return;
     }

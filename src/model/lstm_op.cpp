@@ -13,7 +13,7 @@
 namespace lstm {
 
 namespace {
-constexpr Algo kAlgos[] = {Algo::Reference, Algo::Naive, Algo::Cudnn, Algo::Fused, Algo::Persistent, Algo::Auto};
+constexpr Algo kAlgos[] = {Algo::Reference, Algo::Naive, Algo::Cudnn, Algo::Fused, Algo::Persistent, Algo::Onednn, Algo::Auto};
 constexpr CudnnAlgo kCudnnAlgos[] = {CudnnAlgo::Heuristic,     CudnnAlgo::Standard,
                                      CudnnAlgo::PersistStatic, CudnnAlgo::PersistDynamic,
                                      CudnnAlgo::PersistStaticSmallH, CudnnAlgo::Auto};
@@ -41,6 +41,7 @@ const char* algo_name(Algo a) {
     case Algo::Cudnn: return "cudnn";
     case Algo::Fused: return "fused";
     case Algo::Persistent: return "persistent";
+    case Algo::Onednn: return "onednn";
     case Algo::Auto: return "auto";
   }
   return "?";

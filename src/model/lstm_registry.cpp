@@ -2,6 +2,7 @@
 // picks a row. Nothing outside this file names a backend's factory.
 #include <algorithm>
 
+#include "cpu/lstm_onednn.hpp"
 #include "cpu/lstm_reference.hpp"
 #include "lstm/device.hpp"
 #include "lstm/lstm.hpp"
@@ -26,6 +27,21 @@ std::vector<LstmBackendEntry> build_registry() {
                   },
                   [](const LstmSpec& s, DType dt, Device, const LstmOptions&) {
                     return cpu::make_reference_lstm_backend(s, dt);
+                  }});
+  // Listed in every build; without oneDNN its why_not says so (and lstm info shows it).
+  rows.push_back({"onednn", Algo::Onednn,
+                  cpu::onednn_built()
+                      ? "CPU, F32: oneDNN " + cpu::onednn_version() +
+                            "'s fused LSTM primitives (PyTorch's CPU nn.LSTM's library): one primitive per layer, "
+                            "both directions in it; variable lengths as time segments of a shrinking batch"
+                      : std::string("CPU, F32: oneDNN's fused LSTM primitives; not in this binary: built without "
+                                    "oneDNN (install libdnnl-dev and reconfigure)"),
+                  false, true, true,
+                  [](const LstmSpec& s, DType dt, Device dev, const LstmOptions&) {
+                    return cpu::onednn_lstm_unsupported(s, dt, dev);
+                  },
+                  [](const LstmSpec& s, DType dt, Device, const LstmOptions&) {
+                    return cpu::make_onednn_lstm_backend(s, dt);
                   }});
 #if LSTM_HAVE_CUDA
   rows.push_back({"naive", Algo::Naive,
@@ -123,8 +139,6 @@ std::unique_ptr<LstmBackend> make_lstm_backend(const LstmOptions& options, const
                                                Device device) {
   spec.validate();
   if (options.algo == Algo::Auto) {
-    if (device == Device::CPU) return make_from(lstm_backend_entry("reference"), options, spec, dtype, device);
-    require_cuda("LSTM algo 'auto' on the GPU");
     return make_auto_lstm_backend(options, spec, dtype, device);
   }
   // The algorithm's own row: the one named after it ("cudnn" runs options.cudnn_algo).
