@@ -287,6 +287,40 @@ TEST(Cli, SignalStopsAfterTheStepWithACheckpointAndResumes) {
   fs::remove_all(d);
 }
 
+// A second signal during the step the first one lets finish ends the program at once: killed by
+// that signal, no checkpoint written. The steps are slow (hidden 1024, 64 steps of 16 sequences
+// on one thread), so the signals land inside the step the first one interrupts.
+TEST(Cli, SecondSignalEndsTheProgramAtOnce) {
+  fs::path d = temp_dir("signal2");
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "the quick brown fox jumps over the lazy dog\n";
+  std::ofstream(d / "text.txt") << text;
+  write_text(d / "cfg.json", R"({"task": "charlm", "data": {"path": ")" + (d / "text.txt").string() +
+                                 R"("}, "model": {"embedding_dim": 8, "layers": [{"type": "lstm", "hidden_size": 1024},
+                                 {"type": "dense"}]}, "train": {"steps": 1000, "batch_size": 16, "seq_len": 64,
+                                 "log_every": 1, "eval_every": 0, "checkpoint_every": 0, "sample_length": 0}})");
+  const fs::path run = d / "run", log = d / "log";
+  const pid_t pid = spawn_train(d / "cfg.json", run, log);
+  ASSERT_GT(pid, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  while (lstm::testing::read_file(log).find("step 1/") == std::string::npos &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // The first signal, then more every 5 ms until the program ends: a signal sent while the first
+  // is still pending would merge into it, so the first one handled is followed by another.
+  int st = 0, sent = 0;
+  for (pid_t w = 0; w == 0; w = ::waitpid(pid, &st, WNOHANG)) {
+    if (sent < 400) ::kill(pid, SIGINT), ++sent;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string out = lstm::testing::read_file(log);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "exited with " << (WIFEXITED(st) ? WEXITSTATUS(st) : -1) << "\n" << out;
+  EXPECT_EQ(WTERMSIG(st), SIGINT) << out;
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / "latest")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("resume with")));
+  fs::remove_all(d);
+}
+
 TEST(Cli, ResumeWithoutCheckpointAndBadConfigAreClear) {
   fs::path d = temp_dir("badtrain");
   CliRun r = run_cli("train --resume --out " + (d / "nothing").string());
