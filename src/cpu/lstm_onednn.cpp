@@ -466,18 +466,7 @@ class OnednnBackend final : public LstmBackend {
         Tensor hn = Tensor::empty({D, n, Hout}, DType::F32), cn = Tensor::empty({D, n, H}, DType::F32);
         Prim& pr = prim(l, Tg, n, train ? kTrain : kInfer, src_ntc, dst_ntc);
         const auto& pd = pr.fwd;
-        std::unordered_map<int, memory> args{
-            {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(src))},
-            {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(h0))},
-            {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(c0))},
-            {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc())},
-            {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc())},
-            {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc())},
-            {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(dst))},
-            {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(hn))},
-            {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(cn))},
-            {DNNL_ARG_SCRATCHPAD, pr.scratch}};
-        if (s.proj_size > 0) args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc()));
+        auto args = layer_args(pd, l, -1, src, h0, c0, dst, hn, cn, pr.scratch);
         if (train) {
           run.ws = Tensor::empty({static_cast<int64_t>(pd.workspace_desc().get_size())}, DType::U8);
           args.emplace(DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(run.ws)));
@@ -574,31 +563,8 @@ class OnednnBackend final : public LstmBackend {
         Tensor dh_0 = Tensor::empty({D, n, Hout}, DType::F32), dc_0 = Tensor::empty({D, n, H}, DType::F32);
         Prim& pr = prim(l, Tg, n, kBackward, run.src_ntc, run.dst_ntc);
         const auto& pd = pr.bwd;
-        std::unordered_map<int, memory> args{
-            {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(run.src))},
-            {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(run.h0))},
-            {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(run.c0))},
-            {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc())},
-            {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc())},
-            {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc())},
-            {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(run.dst))},
-            {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(run.hn))},
-            {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(run.cn))},
-            {DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(run.ws))},
-            {DNNL_ARG_DIFF_DST_LAYER, memory(pd.diff_dst_layer_desc(), eng_, ptr(ddst))},
-            {DNNL_ARG_DIFF_DST_ITER, memory(pd.diff_dst_iter_desc(), eng_, ptr(dh))},
-            {DNNL_ARG_DIFF_DST_ITER_C, memory(pd.diff_dst_iter_c_desc(), eng_, ptr(dc))},
-            {DNNL_ARG_DIFF_SRC_LAYER, memory(pd.diff_src_layer_desc(), eng_, ptr(dsrc))},
-            {DNNL_ARG_DIFF_SRC_ITER, memory(pd.diff_src_iter_desc(), eng_, ptr(dh_0))},
-            {DNNL_ARG_DIFF_SRC_ITER_C, memory(pd.diff_src_iter_c_desc(), eng_, ptr(dc_0))},
-            {DNNL_ARG_DIFF_WEIGHTS_LAYER, diff(l, kWl, pd.diff_weights_layer_desc())},
-            {DNNL_ARG_DIFF_WEIGHTS_ITER, diff(l, kWi, pd.diff_weights_iter_desc())},
-            {DNNL_ARG_DIFF_BIAS, diff(l, kBias, pd.diff_bias_desc())},
-            {DNNL_ARG_SCRATCHPAD, pr.scratch}};
-        if (s.proj_size > 0) {
-          args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc()));
-          args.emplace(DNNL_ARG_DIFF_WEIGHTS_PROJECTION, diff(l, kWp, pd.diff_weights_projection_desc()));
-        }
+        auto args = layer_args(pd, l, -1, run.src, run.h0, run.c0, run.dst, run.hn, run.cn, pr.scratch);
+        add_backward_args(args, pd, l, -1, run.ws, ddst, dh, dc, dsrc, dh_0, dc_0);
         pr.p.execute(strm_, args);
         strm_.wait();
         scatter_state(dh_0.data<float>(), l, D, B, Hout, g, dh0.data<float>());
@@ -691,19 +657,7 @@ class OnednnBackend final : public LstmBackend {
           r.dst = Tensor::empty({steps, n, Hout}, DType::F32);
           Prim& pr = prim(l, steps, n, train ? kTrain : kInfer, false, false, pdir);
           const auto& pd = pr.fwd;
-          std::unordered_map<int, memory> args{
-              {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(ls.src[i]))},
-              {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(r.h0))},
-              {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(r.c0))},
-              {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc(), pdir)},
-              {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc(), pdir)},
-              {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc(), pdir)},
-              {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(r.dst))},
-              {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(r.hn))},
-              {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(r.cn))},
-              {DNNL_ARG_SCRATCHPAD, pr.scratch}};
-          if (s.proj_size > 0)
-            args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc(), pdir));
+          auto args = layer_args(pd, l, pdir, ls.src[i], r.h0, r.c0, r.dst, r.hn, r.cn, pr.scratch);
           if (train) {
             r.ws = Tensor::empty({static_cast<int64_t>(pd.workspace_desc().get_size())}, DType::U8);
             args.emplace(DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(r.ws)));
@@ -759,31 +713,8 @@ class OnednnBackend final : public LstmBackend {
           Tensor dho = Tensor::empty({1, n, Hout}, DType::F32), dco = Tensor::empty({1, n, H}, DType::F32);
           Prim& pr = prim(l, t1 - t0, n, kBackward, false, false, pdir);
           const auto& pd = pr.bwd;
-          std::unordered_map<int, memory> args{
-              {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(ls.src[i]))},
-              {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(r.h0))},
-              {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(r.c0))},
-              {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc(), pdir)},
-              {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc(), pdir)},
-              {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc(), pdir)},
-              {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(r.dst))},
-              {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(r.hn))},
-              {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(r.cn))},
-              {DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(r.ws))},
-              {DNNL_ARG_DIFF_DST_LAYER, memory(pd.diff_dst_layer_desc(), eng_, ptr(ddst))},
-              {DNNL_ARG_DIFF_DST_ITER, memory(pd.diff_dst_iter_desc(), eng_, ptr(dhi))},
-              {DNNL_ARG_DIFF_DST_ITER_C, memory(pd.diff_dst_iter_c_desc(), eng_, ptr(dci))},
-              {DNNL_ARG_DIFF_SRC_LAYER, memory(pd.diff_src_layer_desc(), eng_, ptr(dsrc))},
-              {DNNL_ARG_DIFF_SRC_ITER, memory(pd.diff_src_iter_desc(), eng_, ptr(dho))},
-              {DNNL_ARG_DIFF_SRC_ITER_C, memory(pd.diff_src_iter_c_desc(), eng_, ptr(dco))},
-              {DNNL_ARG_DIFF_WEIGHTS_LAYER, diff(l, kWl, pd.diff_weights_layer_desc(), pdir)},
-              {DNNL_ARG_DIFF_WEIGHTS_ITER, diff(l, kWi, pd.diff_weights_iter_desc(), pdir)},
-              {DNNL_ARG_DIFF_BIAS, diff(l, kBias, pd.diff_bias_desc(), pdir)},
-              {DNNL_ARG_SCRATCHPAD, pr.scratch}};
-          if (s.proj_size > 0) {
-            args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc(), pdir));
-            args.emplace(DNNL_ARG_DIFF_WEIGHTS_PROJECTION, diff(l, kWp, pd.diff_weights_projection_desc(), pdir));
-          }
+          auto args = layer_args(pd, l, pdir, ls.src[i], r.h0, r.c0, r.dst, r.hn, r.cn, pr.scratch);
+          add_backward_args(args, pd, l, pdir, r.ws, ddst, dhi, dci, dsrc, dho, dco);
           pr.p.execute(strm_, args);
           strm_.wait();
           std::memcpy(dh.raw(), dho.raw(), sizeof(float) * n * Hout);
@@ -818,6 +749,28 @@ class OnednnBackend final : public LstmBackend {
     memory::desc desc;
     memory mem;
   };
+  // The arguments a forward and a backward of one layer (and direction, `dir`; -1: all) share:
+  // its input, initial and final states, output, packed weights (the projection's too) and
+  // scratchpad. `pd` is either primitive descriptor.
+  template <class Pd>
+  std::unordered_map<int, memory> layer_args(const Pd& pd, int64_t l, int dir, const Tensor& src, const Tensor& h0,
+                                             const Tensor& c0, const Tensor& dst, const Tensor& hn, const Tensor& cn,
+                                             const memory& scratch) {
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC_LAYER, memory(pd.src_layer_desc(), eng_, ptr(src))},
+        {DNNL_ARG_SRC_ITER, memory(pd.src_iter_desc(), eng_, ptr(h0))},
+        {DNNL_ARG_SRC_ITER_C, memory(pd.src_iter_c_desc(), eng_, ptr(c0))},
+        {DNNL_ARG_WEIGHTS_LAYER, packed(l, kWl, pd.weights_layer_desc(), dir)},
+        {DNNL_ARG_WEIGHTS_ITER, packed(l, kWi, pd.weights_iter_desc(), dir)},
+        {DNNL_ARG_BIAS, packed(l, kBias, pd.bias_desc(), dir)},
+        {DNNL_ARG_DST_LAYER, memory(pd.dst_layer_desc(), eng_, ptr(dst))},
+        {DNNL_ARG_DST_ITER, memory(pd.dst_iter_desc(), eng_, ptr(hn))},
+        {DNNL_ARG_DST_ITER_C, memory(pd.dst_iter_c_desc(), eng_, ptr(cn))},
+        {DNNL_ARG_SCRATCHPAD, scratch}};
+    if (spec().proj_size > 0) args.emplace(DNNL_ARG_WEIGHTS_PROJECTION, packed(l, kWp, pd.weights_projection_desc(), dir));
+    return args;
+  }
+
   memory& diff(int64_t l, int which, const memory::desc& desc, int dir = -1) {
     for (auto& q : diffs_)
       if (q.layer == l && q.which == which && q.dir == dir && q.desc == desc) return q.mem;
@@ -828,6 +781,25 @@ class OnednnBackend final : public LstmBackend {
   }
 
   // Adds the scratch gradients into d_weights in PyTorch's layout (both biases get the bias's).
+  // What a backward adds to layer_args(): the forward's workspace, the gradients in (of the
+  // output and final states) and out (of the input and initial states), and the weight gradients.
+  void add_backward_args(std::unordered_map<int, memory>& args, const dnnl::lstm_backward::primitive_desc& pd, int64_t l,
+                         int dir, const Tensor& ws, const Tensor& d_dst, const Tensor& d_hn, const Tensor& d_cn,
+                         const Tensor& d_src, const Tensor& d_h0, const Tensor& d_c0) {
+    args.insert({{DNNL_ARG_WORKSPACE, memory(pd.workspace_desc(), eng_, ptr(ws))},
+                 {DNNL_ARG_DIFF_DST_LAYER, memory(pd.diff_dst_layer_desc(), eng_, ptr(d_dst))},
+                 {DNNL_ARG_DIFF_DST_ITER, memory(pd.diff_dst_iter_desc(), eng_, ptr(d_hn))},
+                 {DNNL_ARG_DIFF_DST_ITER_C, memory(pd.diff_dst_iter_c_desc(), eng_, ptr(d_cn))},
+                 {DNNL_ARG_DIFF_SRC_LAYER, memory(pd.diff_src_layer_desc(), eng_, ptr(d_src))},
+                 {DNNL_ARG_DIFF_SRC_ITER, memory(pd.diff_src_iter_desc(), eng_, ptr(d_h0))},
+                 {DNNL_ARG_DIFF_SRC_ITER_C, memory(pd.diff_src_iter_c_desc(), eng_, ptr(d_c0))},
+                 {DNNL_ARG_DIFF_WEIGHTS_LAYER, diff(l, kWl, pd.diff_weights_layer_desc(), dir)},
+                 {DNNL_ARG_DIFF_WEIGHTS_ITER, diff(l, kWi, pd.diff_weights_iter_desc(), dir)},
+                 {DNNL_ARG_DIFF_BIAS, diff(l, kBias, pd.diff_bias_desc(), dir)}});
+    if (spec().proj_size > 0)
+      args.emplace(DNNL_ARG_DIFF_WEIGHTS_PROJECTION, diff(l, kWp, pd.diff_weights_projection_desc(), dir));
+  }
+
   void add_weight_grads(std::vector<Tensor>& dw) {
     const LstmSpec& s = spec();
     for (auto& q : diffs_) {

@@ -283,6 +283,19 @@ std::string format_value(double v) {
 struct StoredNormalization {
   std::optional<Normalization> inputs;
   Normalization targets;
+
+  // Appends one prediction (the targets.size() normalised values at v[first...]) to `rec` in the
+  // targets' original units: a CSV cell per target and {"values": {name: value}} for JSON Lines,
+  // both with the CSV's digits.
+  void add_values(Record& rec, const Tensor& v, int64_t first) const {
+    ordered_json values = ordered_json::object();
+    for (size_t k = 0; k < targets.names.size(); ++k) {
+      const double x = v.get(first + static_cast<int64_t>(k)) * targets.std[k] + targets.mean[k];
+      rec.cells.push_back(format_value(x));
+      values[targets.names[k]] = std::stod(rec.cells.back());
+    }
+    rec.json["values"] = std::move(values);
+  }
 };
 
 StoredNormalization stored_normalization(const TrainedModel& m) {
@@ -365,14 +378,7 @@ class RegressPredictor final : public Predictor {
     const Tensor v = y.data.cpu();
     for (int64_t r = 0; r < n; ++r) {
       Record rec = rows_.record(r);
-      ordered_json values = ordered_json::object();
-      for (int64_t k = 0; k < K; ++k) {
-        const auto kk = static_cast<size_t>(k);
-        const double x = v.get(r * K + k) * norm_.targets.std[kk] + norm_.targets.mean[kk];
-        rec.cells.push_back(format_value(x));
-        values[norm_.targets.names[kk]] = std::stod(rec.cells.back());  // the CSV's digits
-      }
-      rec.json["values"] = std::move(values);
+      norm_.add_values(rec, v, r * K);
       out.push_back(std::move(rec));
     }
     return n;
@@ -481,14 +487,7 @@ class ForecastPredictor final : public Predictor {
       Record rec;
       rec.id = std::to_string(h + 1);
       rec.id_is_number = true;
-      ordered_json values = ordered_json::object();
-      for (int64_t k = 0; k < K; ++k) {
-        const auto kk = static_cast<size_t>(k);
-        const double x = v.get(h * K + k) * norm_.targets.std[kk] + norm_.targets.mean[kk];
-        rec.cells.push_back(format_value(x));
-        values[norm_.targets.names[kk]] = std::stod(rec.cells.back());  // the CSV's digits
-      }
-      rec.json["values"] = std::move(values);
+      norm_.add_values(rec, v, h * K);
       out.push_back(std::move(rec));
     }
     return H_;
