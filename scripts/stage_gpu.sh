@@ -20,4 +20,8 @@ realpath "$build" > gpu-stage/build_path
 git diff --quiet HEAD 2>/dev/null || printf '+dirty' >> gpu-stage/source_commit
 lib=/usr/lib/x86_64-linux-gnu
 cp -L "$lib/openblas-openmp/libopenblas.so.0" "$lib/libgfortran.so.5" "$lib/libquadmath.so.0" "$lib/libgomp.so.1" gpu-stage/lib/
+# oneDNN (the onednn CPU backend) when the build linked it.
+if grep -q '^LSTM_HAVE_ONEDNN\|dnnl' "$build/CMakeCache.txt" 2>/dev/null && [[ -e $lib/libdnnl.so.2 ]]; then
+  cp -L "$lib/libdnnl.so.2" "$lib/libOpenCL.so.1" gpu-stage/lib/
+fi
 du -sh gpu-stage
