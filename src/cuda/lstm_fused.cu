@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <climits>
 #include <cmath>
@@ -36,6 +37,8 @@
 #include "cuda/exec.hpp"
 #include "cuda/graph_cache.hpp"
 #include "cuda/lstm_fused_kernels.cuh"
+#include "cuda/lstm_persistent.cuh"
+#include "lstm/device.hpp"
 #include "cudnn/lstm_cudnn_kernels.hpp"
 
 namespace lstm::cuda {
@@ -249,6 +252,8 @@ struct ForwardPtrs {
   std::vector<E*> y;       // per layer: its output [T, B, D*Hout]
   std::vector<E*> in;      // per layer: its input ([0] = x0; dropout: a masked copy of y[l-1]; else y[l-1])
   std::vector<DirPtrs<E>> dirs;  // [L*D]
+  unsigned long long* xchg = nullptr;  // persistent: max(D, L) x persistent_exchange_words, the h exchange
+  unsigned* flags = nullptr;           // persistent: [kPersistentMaxGroups, kPersistentMaxCtas] (flag exchange)
 };
 
 template <class E>
@@ -291,9 +296,12 @@ struct WeightPtrs {
 template <class E>
 class FusedLstm final : public LstmBackend {
  public:
-  FusedLstm(const LstmSpec& spec, DType dtype, Device device, bool allow_tf32, GraphMode graphs)
+  // persistent: each layer's recurrence runs as one persistent kernel (Algo::Persistent, see
+  // lstm_persistent.cuh) instead of a GEMM and a cell kernel per step; all else is shared.
+  FusedLstm(const LstmSpec& spec, DType dtype, Device device, bool allow_tf32, GraphMode graphs, bool persistent)
       : LstmBackend(spec, dtype, device),
-        graphs_(graphs, "fused graphs"),
+        persistent_(persistent),
+        graphs_(graphs, persistent ? "persistent graphs" : "fused graphs"),
         L_(spec.num_layers),
         D_(spec.directions()),
         H_(spec.hidden_size),
@@ -301,6 +309,7 @@ class FusedLstm final : public LstmBackend {
         Hout_(spec.out_size()),
         I_(spec.input_size),
         G_(4 * spec.hidden_size),
+        allow_tf32_(allow_tf32),
         compute_(std::is_same_v<E, float> && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F),
         n_lanes_(spec.bidirectional ? 2 : static_cast<size_t>(spec.num_layers)) {
     for (int64_t l = 0; l < L_; ++l)
@@ -318,9 +327,10 @@ class FusedLstm final : public LstmBackend {
     if (switch_dev) (void)cudaSetDevice(cur);
   }
 
-  Algo algo() const override { return Algo::Fused; }
-  std::string name() const override { return "fused"; }
-  // "fused" or "fused:wavefront", then how the call ran: "replayed" (a CUDA graph) or "eager".
+  Algo algo() const override { return persistent_ ? Algo::Persistent : Algo::Fused; }
+  std::string name() const override { return persistent_ ? "persistent" : "fused"; }
+  // "fused", "fused:wavefront", "persistent[:wavefront], words|flags" (the exchange; backward:
+  // "persistent, fused backward"), then how the call ran: "replayed" (a CUDA graph) or "eager".
   std::string last_run() const override {
     if (!*last_run_) return "";
     return std::string(last_run_) + (*graphs_.last() ? std::string(", ") + graphs_.last() : std::string());
@@ -389,7 +399,21 @@ class FusedLstm final : public LstmBackend {
   void weight_grads(const Lane& ln, const FusedSaved<E>& sv, const BackwardLanePtrs<E>& bp, int64_t l, int64_t d,
                     std::vector<Tensor>& dw) const;
 
+  // The persistent forward: per layer the input projections, then one launch for its directions.
+  void persistent_layers(const ForwardPtrs<E>& p, const std::vector<Tensor>& weights, int64_t Tn, int64_t B,
+                         const E* h0, const E* c0, E* h_n, E* c_n, bool save, bool dropout, uint64_t seed) const;
+  // How the persistent kernels run a batch of B (with dropout between layers or not): one launch
+  // for the whole stack (the wavefront: layers > 0 project their input themselves; unidirectional,
+  // no dropout, when the weights of all layers fit the SMs) or one launch per layer.
+  struct PersistentPlan {
+    bool wavefront = false;
+    PersistentShape shape;
+  };
+  const PersistentPlan& persistent_plan(int64_t B, bool dropout);
+
+  const bool persistent_;
   const int64_t L_, D_, H_, P_, Hout_, I_, G_;
+  const bool allow_tf32_;
   const cublasComputeType_t compute_;
   const cudaDataType_t dt_ = cuda_dtype<E>();
   const size_t n_lanes_;
@@ -418,6 +442,7 @@ class FusedLstm final : public LstmBackend {
   std::map<std::array<int64_t, 3>, Sizes> sizes_;
   std::vector<int32_t> host_len_;
   const char* last_run_ = "";
+  std::map<std::pair<int64_t, bool>, PersistentPlan> persistent_plans_;  // per (B, dropout), on lane_device_
 };
 
 template <class E>
@@ -479,6 +504,10 @@ ForwardPtrs<E> FusedLstm<E>::carve_forward(Carver& sc, Carver& wc, int64_t Tn, i
   ForwardPtrs<E> p;
   Carver& keep = save ? sc : wc;
   p.len = keep.take<int32_t>(B);
+  if (persistent_) {
+    p.xchg = wc.take<unsigned long long>(std::max(D_, L_) * persistent_exchange_words(Tn, B, Hout_, dtype()));
+    p.flags = wc.take<unsigned>(kPersistentMaxGroups * kPersistentMaxCtas);
+  }
   p.x0 = keep.take<E>(Tn * B * I_);
   // Per-lane state (inference) and projection scratch.
   std::vector<DirPtrs<E>> lane(n_lanes_);
@@ -654,6 +683,7 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   }
   const DropoutParams drop = dropout_params(spec().dropout);
 
+  if (persistent_) (void)persistent_plan(B, dropout);  // throws naming the limit before anything is issued
   const std::array<int64_t, 3> key{Tn, B, (save ? 1 : 0) | (dropout ? 2 : 0)};
   auto it = sizes_.find(key);
   if (it == sizes_.end()) {
@@ -693,7 +723,9 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   auto dir_of = [&](int64_t l, int64_t d) -> const DirPtrs<E>& { return p.dirs[static_cast<size_t>(l * D_ + d)]; };
   auto h0_of = [&](int64_t idx) { return h0 ? h0 + idx * B * Hout_ : nullptr; };
   auto c0_of = [&](int64_t idx) { return c0 ? c0 + idx * B * H_ : nullptr; };
-  {
+  if (persistent_) {
+    persistent_layers(p, weights, Tn, B, h0, c0, h_n, c_n, save, dropout, seed);
+  } else {
     LaneFork fork(s0, fork_->get(), lanes_, n_lanes_);
     if (D_ == 2) {
       // Layer by layer; the directions of a layer run at once on lanes 0 and 1, and both need
@@ -798,8 +830,114 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
     sv->p = p;
     *saved = std::move(sv);
   }
-  last_run_ = D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
+  if (persistent_) {
+    const bool wave = persistent_plans_.at(std::make_pair(B, dropout)).wavefront;
+    const bool words = persistent_exchange_for(B) == PersistentExchange::Words;
+    last_run_ = wave ? (words ? "persistent:wavefront, words" : "persistent:wavefront, flags")
+                     : (words ? "persistent, words" : "persistent, flags");
+  } else {
+    last_run_ = D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
+  }
   return out;
+}
+
+template <class E>
+const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64_t B, bool dropout) {
+  const auto key = std::make_pair(B, dropout);
+  auto it = persistent_plans_.find(key);
+  if (it != persistent_plans_.end()) return it->second;
+  PersistentPlan plan;
+  if (D_ == 1 && L_ > 1 && !dropout)
+    plan.wavefront = plan_persistent(H_, Hout_, Hout_, L_, B, dtype(), lane_device_, &plan.shape).empty();
+  if (!plan.wavefront) {
+    const std::string why = plan_persistent(H_, Hout_, 0, D_, B, dtype(), lane_device_, &plan.shape);
+    LSTM_REQUIRE(why.empty(), "persistent LSTM: " << why);
+  }
+  return persistent_plans_.emplace(key, plan).first->second;
+}
+
+// On lane 0. The wavefront (a unidirectional stack without dropout whose weights fit): the
+// states' init, layer 0's input projection (one GEMM), then one launch for all layers, layer l > 0
+// projecting each step of layer l-1's output itself as it arrives. Otherwise layer by layer:
+// dropout of the layer below's output (training), init, the input projection of all steps (one
+// GEMM per direction), then one launch for the layer's directions. The launches write h_n, c_n.
+template <class E>
+void FusedLstm<E>::persistent_layers(const ForwardPtrs<E>& p, const std::vector<Tensor>& weights, int64_t Tn,
+                                     int64_t B, const E* h0, const E* c0, E* h_n, E* c_n, bool save, bool dropout,
+                                     uint64_t seed) const {
+  const PersistentPlan& plan = persistent_plans_.at(std::make_pair(B, dropout));
+  const cudaStream_t s0 = cuda::stream();
+  LaneFork fork(s0, fork_->get(), lanes_, 1);
+  const Lane& ln = *lanes_[0];
+  const DropoutParams drop = dropout_params(spec().dropout);
+  const size_t xwords = persistent_exchange_words(Tn, B, Hout_, dtype());
+  static const int skip = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_SKIP");
+    return v ? std::atoi(v) : 0;
+  }();
+  PersistentArgs<E> a;
+  a.len = p.len;
+  a.T = static_cast<int>(Tn);
+  a.B = static_cast<int>(B);
+  a.H = static_cast<int>(H_);
+  a.Hout = static_cast<int>(Hout_);
+  a.ldy = static_cast<int>(D_ * Hout_);
+  a.seq = save ? 1 : 0;
+  a.fp32_split = std::is_same_v<E, float> && !allow_tf32_ ? 1 : 0;
+  a.skip = skip;
+  const bool flags = persistent_exchange_for(B) == PersistentExchange::Flags;
+  const size_t flag_bytes = kPersistentMaxGroups * kPersistentMaxCtas * sizeof(unsigned);
+  // Group g of a launch: layer l, direction d.
+  auto fill = [&](int g, int64_t l, int64_t d, const WeightPtrs<E>& w) {
+    const DirPtrs<E>& dp = p.dirs[static_cast<size_t>(l * D_ + d)];
+    const int64_t idx = l * D_ + d;
+    init_state(ln, dp, d, Tn, B, h0 ? h0 + idx * B * Hout_ : nullptr, c0 ? c0 + idx * B * H_ : nullptr);
+    PersistentGroup<E>& ga = a.group[g];
+    ga = PersistentGroup<E>();
+    ga.w_hh = w.hh;
+    ga.b_ih = w.b_ih;
+    ga.b_hh = w.b_hh;
+    ga.gates = dp.gates;
+    ga.h = dp.h;
+    ga.c = dp.c;
+    ga.y = p.y[l] + d * Hout_;
+    ga.h_n = h_n + idx * B * Hout_;
+    ga.c_n = c_n + idx * B * H_;
+    ga.xchg = p.xchg + g * xwords;
+    if (flags) ga.flags = p.flags + g * kPersistentMaxCtas;
+    ga.reverse = static_cast<int>(d);
+  };
+  if (plan.wavefront) {
+    for (int64_t l = 0; l < L_; ++l) {
+      const WeightPtrs<E> w = weights_of(weights, l, 0);
+      fill(static_cast<int>(l), l, 0, w);
+      if (l == 0) {
+        input_projection(ln, w, p.in[0], I_, a.group[0].gates, 0, Tn, B);
+      } else {
+        a.group[l].w_ih = w.ih;
+        a.group[l].in_size = static_cast<int>(Hout_);
+        a.group[l].in_xchg = a.group[l - 1].xchg;
+        a.group[l].in_flags = a.group[l - 1].flags;
+      }
+    }
+    LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, L_ * xwords * sizeof(unsigned long long), ln.stream));
+    if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
+    launch_persistent<E>(a, static_cast<int>(L_), plan.shape, ln.stream);
+  } else {
+    for (int64_t l = 0; l < L_; ++l) {
+      const int64_t In = in_size(l);
+      if (l > 0 && dropout) launch_dropout<E>(ln.stream, p.y[l - 1], p.in[l], 0, Tn * B * In, layer_seed(seed, l), drop);
+      for (int64_t d = 0; d < D_; ++d) {
+        const WeightPtrs<E> w = weights_of(weights, l, d);
+        fill(static_cast<int>(d), l, d, w);
+        input_projection(ln, w, p.in[l], In, a.group[d].gates, 0, Tn, B);
+      }
+      LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, D_ * xwords * sizeof(unsigned long long), ln.stream));
+      if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
+      launch_persistent<E>(a, static_cast<int>(D_), plan.shape, ln.stream);
+    }
+  }
+  fork.join();
 }
 
 // ---- Backward ------------------------------------------------------------------------------
@@ -1099,8 +1237,20 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
     LSTM_CUDA_CHECK(cudaStreamWaitEvent(sv.stream, release_->get(), 0));
   }
   sv.memory.reset();
-  last_run_ = D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
+  last_run_ = persistent_ ? "persistent, fused backward" : D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
   return r;
+}
+
+std::unique_ptr<LstmBackend> make_instance(const LstmSpec& spec, DType dtype, Device device,
+                                           const LstmOptions& options, bool persistent) {
+  switch (dtype) {
+    case DType::F32:
+      return std::make_unique<FusedLstm<float>>(spec, dtype, device, options.allow_tf32, options.cuda_graphs,
+                                                persistent);
+    case DType::BF16:
+      return std::make_unique<FusedLstm<__nv_bfloat16>>(spec, dtype, device, false, options.cuda_graphs, persistent);
+    default: return std::make_unique<FusedLstm<__half>>(spec, dtype, device, false, options.cuda_graphs, persistent);
+  }
 }
 
 }  // namespace
@@ -1120,13 +1270,27 @@ std::unique_ptr<LstmBackend> make_fused_lstm_backend(const LstmSpec& spec, DType
   spec.validate();
   const std::string why = fused_lstm_unsupported(spec, dtype, device);
   LSTM_REQUIRE(why.empty(), "fused LSTM: " << why);
-  switch (dtype) {
-    case DType::F32:
-      return std::make_unique<FusedLstm<float>>(spec, dtype, device, options.allow_tf32, options.cuda_graphs);
-    case DType::BF16:
-      return std::make_unique<FusedLstm<__nv_bfloat16>>(spec, dtype, device, false, options.cuda_graphs);
-    default: return std::make_unique<FusedLstm<__half>>(spec, dtype, device, false, options.cuda_graphs);
-  }
+  return make_instance(spec, dtype, device, options, false);
+}
+
+std::string persistent_lstm_unsupported(const LstmSpec& spec, DType dtype, Device device) {
+  std::string why = fused_lstm_unsupported(spec, dtype, device);
+  if (!why.empty()) return why;
+  if (spec.proj_size > 0) return "proj_size > 0 is not in the persistent kernels yet (the fused backend runs it)";
+  // The limits come from the device's properties: without a usable GPU there is nothing to plan on.
+  if (!cuda_available()) return cuda_unavailable_reason();
+  int dev = 0;
+  LSTM_CUDA_CHECK(cudaGetDevice(&dev));
+  PersistentShape shape;
+  return plan_persistent(spec.hidden_size, spec.out_size(), 0, spec.directions(), 1, dtype, dev, &shape);
+}
+
+std::unique_ptr<LstmBackend> make_persistent_lstm_backend(const LstmSpec& spec, DType dtype, Device device,
+                                                          const LstmOptions& options) {
+  spec.validate();
+  const std::string why = persistent_lstm_unsupported(spec, dtype, device);
+  LSTM_REQUIRE(why.empty(), "persistent LSTM: " << why);
+  return make_instance(spec, dtype, device, options, true);
 }
 
 }  // namespace lstm::cuda

@@ -22,4 +22,13 @@ std::string fused_lstm_unsupported(const LstmSpec& spec, DType dtype, Device dev
 std::unique_ptr<LstmBackend> make_fused_lstm_backend(const LstmSpec& spec, DType dtype, Device device,
                                                      const LstmOptions& options);
 
+// The persistent backend (Algo::Persistent): the fused backend with each layer's recurrence run by
+// one persistent kernel that keeps its W_hh slices in shared memory (src/cuda/lstm_persistent.cuh);
+// the backward is the fused backend's. "" when it can run spec/dtype/device at batch 1, otherwise
+// why not: the limits come from the current CUDA device's properties (SMs, shared memory per
+// block), so without a usable GPU it says so. Larger batches are checked per call (up to 32 rows).
+std::string persistent_lstm_unsupported(const LstmSpec& spec, DType dtype, Device device);
+std::unique_ptr<LstmBackend> make_persistent_lstm_backend(const LstmSpec& spec, DType dtype, Device device,
+                                                          const LstmOptions& options);
+
 }  // namespace lstm::cuda

@@ -92,6 +92,18 @@ std::vector<LstmBackendEntry> build_registry() {
                   [](const LstmSpec& s, DType dt, Device dev, const LstmOptions& o) {
                     return cuda::make_fused_lstm_backend(s, dt, dev, o);
                   }});
+  rows.push_back({"persistent", Algo::Persistent,
+                  "GPU, F32/TF32/BF16/F16: our persistent kernels: per layer one launch for all steps, each SM "
+                  "holding a slice of W_hh in shared memory, a flag barrier per step, tensor-core products; "
+                  "batch <= 32, no projection, hidden size up to what the SMs' shared memory holds; the fused "
+                  "backward",
+                  false, true, true,
+                  [](const LstmSpec& s, DType dt, Device dev, const LstmOptions&) {
+                    return cuda::persistent_lstm_unsupported(s, dt, dev);
+                  },
+                  [](const LstmSpec& s, DType dt, Device dev, const LstmOptions& o) {
+                    return cuda::make_persistent_lstm_backend(s, dt, dev, o);
+                  }});
 #endif
   return rows;
 }

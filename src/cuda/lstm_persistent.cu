@@ -1,0 +1,654 @@
+// The persistent recurrence: see lstm_persistent.cuh and docs/KERNELS.md ("The persistent
+// backend"). One CTA per SM at most; CTA k of a group (a layer direction) owns hidden units
+// [k*U, k*U + U) and holds the 4U rows of W_hh that feed them (i, f, g, o of each unit), and in
+// the wavefront also those rows of W_ih, in shared memory for the whole launch. Per step it
+//   1. takes its x-projection values of step t, read one step ahead (they do not depend on the
+//      recurrence),
+//   2. reads h_{t-1} [B, Hout] (and in the wavefront the layer below's h_t) from the exchange
+//      words in L2 into shared memory, polling until every word carries the step's tag,
+//   3. forms its [4U, B] block of [x;h] [W_ih;W_hh]^T with tensor-core mma (bf16/fp16 m16n8k16;
+//      F32 as TF32 m16n8k8, three products per term unless TF32 is allowed), K split over the 8
+//      warps, partial sums reduced through shared memory,
+//   4. runs the cell for its (unit pair, batch row) items (c stays in registers), publishes h_t as
+//      tagged exchange words, then writes the output and, in training, h_t, c_t and the activated
+//      gates to their slots.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/cuda_rt.hpp"
+#include "cuda/lstm_cell_math.cuh"
+#include "cuda/lstm_persistent.cuh"
+#include "lstm/error.hpp"
+
+namespace lstm::cuda {
+namespace {
+
+using fused::from_f;
+using fused::sigmoid;
+using fused::to_f;
+
+constexpr int kWarps = 8;
+constexpr int kBlock = kWarps * 32;
+
+// The mma's K per instruction and the row padding of the shared-memory tiles (16 bytes, which
+// keeps ldmatrix and the F32 fragment loads free of bank conflicts).
+template <class E> struct Mma {
+  static constexpr int kK = 16, kPad = 8;
+};
+template <> struct Mma<float> {
+  static constexpr int kK = 8, kPad = 4;
+};
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x2(unsigned (&r)[2], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
+template <class E>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+__device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ unsigned to_tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = hi + lo with hi and lo both TF32: three TF32 products (hi*hi + hi*lo + lo*hi) carry about
+// the precision of one F32 product.
+__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+
+// The CTA's [4U, NP] block of h W_hh^T (rows r = gate * U + u), this warp's K range, into
+// red[warp][col][row].
+template <class E, int MT, int NT>
+__device__ __forceinline__ void recurrent_product(const E* Ws, const E* Hs, int KS, int Kp, float* red, int split) {
+  constexpr int ROWS = 16 * MT;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int KK = Mma<E>::kK;
+  const int KT = Kp / KK;
+  const int kb = warp * KT / kWarps, ke = (warp + 1) * KT / kWarps;
+  // Independent accumulators (by k-step parity, and for F32 one more for the small split terms) so
+  // that consecutive mma instructions do not wait for each other's results.
+  float acc2[2][MT][NT][4], lo[MT][NT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc2[0][m][n][q] = acc2[1][m][n][q] = lo[m][n][q] = 0.f;
+  const int g = lane >> 2, tq = lane & 3;
+  auto kstep = [&](int kt, float (&acc)[MT][NT][4]) {
+    const int k0 = kt * KK;
+    if constexpr (std::is_same_v<E, float>) {
+      unsigned bh[NT][2], bl[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float* hp = Hs + (n * 8 + g) * KS + k0 + tq;
+        split_tf32(hp[0], bh[n][0], bl[n][0]);
+        split_tf32(hp[4], bh[n][1], bl[n][1]);
+      }
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const float* wp = Ws + (m * 16 + g) * KS + k0 + tq;
+        unsigned ah[4], al[4];
+        split_tf32(wp[0], ah[0], al[0]);
+        split_tf32(wp[8 * KS], ah[1], al[1]);
+        split_tf32(wp[4], ah[2], al[2]);
+        split_tf32(wp[8 * KS + 4], ah[3], al[3]);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          if (split) {
+            mma_1688_tf32(lo[m][n], al, bh[n]);
+            mma_1688_tf32(lo[m][n], ah, bl[n]);
+          }
+          mma_1688_tf32(acc[m][n], ah, bh[n]);
+        }
+      }
+    } else {
+      unsigned bf[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) ldsm_x2(bf[n], Hs + (n * 8 + (lane & 7)) * KS + k0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        unsigned af[4];
+        ldsm_x4(af, Ws + (m * 16 + (lane & 15)) * KS + k0 + (lane >> 4) * 8);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mma_16816<E>(acc[m][n], af, bf[n]);
+      }
+    }
+  };
+  int kt = kb;
+  for (; kt + 1 < ke; kt += 2) {
+    kstep(kt, acc2[0]);
+    kstep(kt + 1, acc2[1]);
+  }
+  if (kt < ke) kstep(kt, acc2[0]);
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[m][n][q] = acc2[0][m][n][q] + acc2[1][m][n][q] + lo[m][n][q];
+  constexpr int NP = 8 * NT;
+  float* rw = red + warp * NP * ROWS;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int row = m * 16 + g, col = n * 8 + 2 * tq;
+      rw[col * ROWS + row] = acc[m][n][0];
+      rw[(col + 1) * ROWS + row] = acc[m][n][1];
+      rw[col * ROWS + row + 8] = acc[m][n][2];
+      rw[(col + 1) * ROWS + row + 8] = acc[m][n][3];
+    }
+}
+
+template <class E>
+__device__ __forceinline__ void copy_h_to_shared(E* Hs, const E* __restrict__ h, int B, int Hout, int KS) {
+  constexpr int V = 16 / sizeof(E);
+  if (Hout % V == 0) {
+    const int chunks = Hout / V;
+    for (int i = threadIdx.x; i < B * chunks; i += kBlock) {
+      const int b = i / chunks, q = i - b * chunks;
+      const uint4 v = __ldcg(reinterpret_cast<const uint4*>(h + static_cast<size_t>(b) * Hout) + q);
+      *reinterpret_cast<uint4*>(Hs + b * KS + q * V) = v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < B * Hout; i += kBlock) {
+      const int b = i / Hout, k = i - b * Hout;
+      E v;
+      if constexpr (sizeof(E) == 4) {
+        v = __ldcg(reinterpret_cast<const float*>(h) + i);
+      } else {
+        const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(h) + i);
+        v = *reinterpret_cast<const E*>(&bits);
+      }
+      Hs[b * KS + k] = v;
+    }
+  }
+}
+
+// The gate activations: F32 keeps the accurate expf/tanhf (held to 1e-5 against the float64
+// reference); bf16/fp16 use the hardware exp2 (__expf, a few ulp of fp32), far below their own
+// rounding, which takes the cell off the step's critical path. tanh(x) = 2 sigmoid(2x) - 1 (an
+// absolute error of a few 1e-7).
+template <class E> __device__ __forceinline__ float act_sigmoid(float x) {
+  if constexpr (std::is_same_v<E, float>)
+    return sigmoid(x);
+  else
+    return __fdividef(1.f, 1.f + __expf(-x));
+}
+template <class E> __device__ __forceinline__ float act_tanh(float x) {
+  if constexpr (std::is_same_v<E, float>)
+    return tanhf(x);
+  else
+    return 2.f * __fdividef(1.f, 1.f + __expf(-2.f * x)) - 1.f;
+}
+
+// Relaxed 64-bit accesses of the exchange words (data and step tag in one single-copy-atomic
+// word, so a reader that sees the tag sees the data: no fence, no separate flag).
+__device__ __forceinline__ unsigned long long ld_word(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_word(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
+}
+
+// One source of exchange words for exchange_to_shared: [B, words] words that must carry `tag`,
+// stored into Hs from column `col` on.
+struct Segment {
+  const unsigned long long* src = nullptr;
+  int words = 0, col = 0;
+  unsigned tag = 0;
+};
+
+// Up to two segments (the input from the group below, and h_{t-1}) into Hs: every word is read in
+// batches of kBatch loads per thread in flight, and words whose tag is not yet the expected one are
+// read again together, so that a batch costs one round trip per poll.
+template <class E>
+__device__ __forceinline__ void exchange_to_shared(E* Hs, int KS, int B, const Segment& s0, const Segment& s1,
+                                                   int skip_wait) {
+  constexpr int kBatch = 8;
+  constexpr int kPair = sizeof(E) == 2 ? 2 : 1;
+  const int n0 = s0.src ? B * s0.words : 0;
+  const int n = n0 + (s1.src ? B * s1.words : 0);
+  for (int base = threadIdx.x; base < n; base += kBlock * kBatch) {
+    unsigned long long v[kBatch];
+#pragma unroll
+    for (int r = 0; r < kBatch; ++r) {
+      const int i = base + r * kBlock;
+      v[r] = i < n ? ld_word(i < n0 ? s0.src + i : s1.src + (i - n0)) : 0ull;
+    }
+    while (!skip_wait) {
+      bool ready = true;
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        const int i = base + r * kBlock;
+        ready &= i >= n || static_cast<unsigned>(v[r] >> 32) == (i < n0 ? s0.tag : s1.tag);
+      }
+      if (ready) break;
+      __nanosleep(32);  // fewer polls in flight leave L2 to the stores being waited for
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        const int i = base + r * kBlock;
+        if (i < n && static_cast<unsigned>(v[r] >> 32) != (i < n0 ? s0.tag : s1.tag))
+          v[r] = ld_word(i < n0 ? s0.src + i : s1.src + (i - n0));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kBatch; ++r) {
+      const int i = base + r * kBlock;
+      if (i >= n) continue;
+      const Segment& sg = i < n0 ? s0 : s1;
+      const int ii = i < n0 ? i : i - n0;
+      const int b = ii / sg.words, w = ii - b * sg.words;
+      *reinterpret_cast<unsigned*>(Hs + b * KS + sg.col + w * kPair) = static_cast<unsigned>(v[r]);
+    }
+  }
+}
+
+template <class E>
+__device__ __forceinline__ unsigned pack_pair(E lo, E hi) {
+  if constexpr (sizeof(E) == 4) {
+    return __float_as_uint(lo);
+  } else {
+    unsigned short a, b;
+    memcpy(&a, &lo, 2);
+    memcpy(&b, &hi, 2);
+    return static_cast<unsigned>(a) | (static_cast<unsigned>(b) << 16);
+  }
+}
+
+template <class E, int MT, int NT>
+__global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const PersistentArgs<E> a, int ctas) {
+  constexpr int KK = Mma<E>::kK;
+  constexpr int ROWS = 16 * MT, U = ROWS / 4, NP = 8 * NT;
+  // A cell item is kPair adjacent units of one batch row: their h values share an exchange word.
+  constexpr int kPair = sizeof(E) == 2 ? 2 : 1;
+  constexpr int IPT = ((U / kPair) * NP + kBlock - 1) / kBlock;  // cell items per thread
+  const int grp = blockIdx.x / ctas;
+  const int k = blockIdx.x - grp * ctas;
+  const PersistentGroup<E>& d = a.group[grp];
+  const int H = a.H, Hout = a.Hout, B = a.B, T = a.T, In = d.w_ih ? d.in_size : 0;
+  // Shared memory: Ws [ROWS, KS] (columns [0, Kx): W_ih, [Kx, Kx + Kh): W_hh), Hs [NP, KS] (the
+  // input, then h_{t-1}), red [8 warps, NP, ROWS] the warps' partial products.
+  const int Kx = (In + KK - 1) / KK * KK, Kh = (Hout + KK - 1) / KK * KK;
+  const int KS = Kx + Kh + Mma<E>::kPad;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* Ws = reinterpret_cast<E*>(smem);
+  E* Hs = Ws + ROWS * KS;
+  float* red = reinterpret_cast<float*>(Hs + NP * KS);
+
+  const int words = (Hout + kPair - 1) / kPair, in_words = (In + kPair - 1) / kPair;
+  const int j0 = k * U;
+  const int nU = min(U, H - j0);
+  const int nI = (nU + kPair - 1) / kPair;  // items per batch row
+  const int tid = threadIdx.x;
+
+  // The weight slices, zero rows past H and zero columns past each matrix's width; Hs zero (rows
+  // past B and the padding columns stay zero).
+  for (int i = tid; i < ROWS * KS; i += kBlock) {
+    const int r = i / KS, col = i - r * KS;
+    const int gate = r / U, u = r - gate * U;
+    E v = from_f<E>(0.f);
+    if (u < nU) {
+      const size_t row = static_cast<size_t>(gate * H + j0 + u);
+      if (col < In)
+        v = d.w_ih[row * In + col];
+      else if (col >= Kx && col - Kx < Hout)
+        v = d.w_hh[row * Hout + (col - Kx)];
+    }
+    Ws[i] = v;
+  }
+  for (int i = tid; i < NP * KS; i += kBlock) Hs[i] = from_f<E>(0.f);
+
+  // Item i -> batch row i / nI, units j0 + kPair * (i % nI) + e for e < kPair (those below nU).
+  int ib[IPT], iu[IPT];
+  bool iv[IPT];
+  float bias[IPT][kPair][4], cst[IPT][kPair];
+  E hcur[IPT][kPair];
+  const size_t h_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * Hout : 0;
+  const size_t c_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
+#pragma unroll
+  for (int q = 0; q < IPT; ++q) {
+    const int i = tid + q * kBlock;
+    iv[q] = i < nI * B;
+    ib[q] = iv[q] ? i / nI : 0;
+    iu[q] = iv[q] ? (i - ib[q] * nI) * kPair : 0;
+#pragma unroll
+    for (int e = 0; e < kPair; ++e) {
+      const bool on = iv[q] && iu[q] + e < nU;
+      const int j = j0 + iu[q] + e;
+#pragma unroll
+      for (int gate = 0; gate < 4; ++gate)
+        bias[q][e][gate] = on && d.b_ih ? to_f(d.b_ih[gate * H + j]) + to_f(d.b_hh[gate * H + j]) : 0.f;
+      cst[q][e] = on ? d.c[c_first + static_cast<size_t>(ib[q]) * H + j] : 0.f;
+      hcur[q][e] = on ? d.h[h_first + static_cast<size_t>(ib[q]) * Hout + j] : from_f<E>(0.f);
+    }
+  }
+  int ilen[IPT];
+#pragma unroll
+  for (int q = 0; q < IPT; ++q) ilen[q] = iv[q] ? a.len[ib[q]] : 0;
+  // The x-projection values of step s are read one step ahead (they do not depend on the
+  // recurrence), so their memory latency is off the step's critical path.
+  float gx_next[IPT][kPair][4];
+  auto load_gx = [&](int s_load) {
+    const int t_load = d.reverse ? T - 1 - s_load : s_load;
+#pragma unroll
+    for (int q = 0; q < IPT; ++q)
+#pragma unroll
+      for (int e = 0; e < kPair; ++e) {
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) gx_next[q][e][gate] = 0.f;
+        if (d.w_ih || s_load >= T || !iv[q] || iu[q] + e >= nU) continue;
+        const float* gp = d.gates + (static_cast<size_t>(t_load) * B + ib[q]) * 4 * H + j0 + iu[q] + e;
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) gx_next[q][e][gate] = gp[gate * H];
+      }
+  };
+  load_gx(0);
+  __syncthreads();
+
+  for (int s = 0; s < T; ++s) {
+    const int t = d.reverse ? T - 1 - s : s;
+    float gx[IPT][kPair][4];
+#pragma unroll
+    for (int q = 0; q < IPT; ++q)
+#pragma unroll
+      for (int e = 0; e < kPair; ++e)
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) gx[q][e][gate] = gx_next[q][e][gate];
+    load_gx(s + 1);
+    if (d.flags) {
+      // Flags: one warp waits until every CTA of this group has flagged step s - 1 (and of the
+      // group below, step s), then the values are read from the plain slots.
+      if (tid < 32 && !(a.skip & 2)) {
+        for (;;) {
+          bool done = true;
+          if (s > 0)
+            for (int f = tid; f < ctas; f += 32)
+              done &= *reinterpret_cast<volatile const unsigned*>(d.flags + f) >= static_cast<unsigned>(s);
+          if (d.w_ih)
+            for (int f = tid; f < ctas; f += 32)
+              done &= *reinterpret_cast<volatile const unsigned*>(d.in_flags + f) >= static_cast<unsigned>(s + 1);
+          if (__all_sync(0xffffffffu, done)) break;
+        }
+        __threadfence();
+      }
+      __syncthreads();
+      if (d.w_ih)
+        copy_h_to_shared(Hs, reinterpret_cast<const E*>(d.in_xchg) + static_cast<size_t>(s) * B * In, B, In, KS);
+      copy_h_to_shared(Hs + Kx,
+                       s == 0 ? d.h + h_first : reinterpret_cast<const E*>(d.xchg) + static_cast<size_t>(s - 1) * B * Hout,
+                       B, Hout, KS);
+    } else {
+    // The input of step s from the group below (tag s + 1), and h_{t-1}: h0 at the first step,
+    // then the exchange words of step s - 1 (tag s).
+    Segment sx, sh;
+    if (d.w_ih) {
+      sx.src = d.in_xchg + static_cast<size_t>(s) * B * in_words;
+      sx.words = in_words;
+      sx.col = 0;
+      sx.tag = static_cast<unsigned>(s + 1);
+    }
+    if (s == 0) {
+      copy_h_to_shared(Hs + Kx, d.h + h_first, B, Hout, KS);
+    } else {
+      sh.src = d.xchg + static_cast<size_t>(s - 1) * B * words;
+      sh.words = words;
+      sh.col = Kx;
+      sh.tag = static_cast<unsigned>(s);
+    }
+    exchange_to_shared(Hs, KS, B, sx, sh, a.skip & 2);
+    }
+    __syncthreads();
+    if (!(a.skip & 1)) recurrent_product<E, MT, NT>(Ws, Hs, KS, Kx + Kh, red, a.fp32_split);
+    __syncthreads();
+    unsigned long long* xout = d.xchg + static_cast<size_t>(s) * B * words;
+#pragma unroll
+    for (int q = 0; q < IPT; ++q) {
+      if (!iv[q]) continue;
+      const int b = ib[q];
+      const bool active = t < ilen[q];
+#pragma unroll
+      for (int e = 0; e < kPair; ++e) {
+        const int u = iu[q] + e, j = j0 + u;
+        if (u >= nU) continue;
+        E* y = d.y + (static_cast<size_t>(t) * B + b) * a.ldy + j;
+        if (active) {
+          float pre[4];
+#pragma unroll
+          for (int gate = 0; gate < 4; ++gate) {
+            float acc = gx[q][e][gate] + bias[q][e][gate];
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) acc += red[(w * NP + b) * ROWS + gate * U + u];
+            pre[gate] = acc;
+          }
+          const float ig = act_sigmoid<E>(pre[0]), fg = act_sigmoid<E>(pre[1]), gg = act_tanh<E>(pre[2]),
+                      og = act_sigmoid<E>(pre[3]);
+          cst[q][e] = fg * cst[q][e] + ig * gg;
+          hcur[q][e] = from_f<E>(og * act_tanh<E>(cst[q][e]));
+          *y = hcur[q][e];
+          if (a.seq) {
+            float* gp = d.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j;
+            gp[0] = ig;
+            gp[H] = fg;
+            gp[2 * H] = gg;
+            gp[3 * H] = og;
+          }
+        } else {
+          *y = from_f<E>(0.f);
+        }
+      }
+      // Publish first (the other CTAs, and the group above, wait for it), then the saved state.
+      // A reverse group publishes its state (a row becomes active only after its inactive steps,
+      // starting from h0); a forward group its output, zero past each length, which is what the
+      // group above reads, while its own inactive rows never become active again.
+      const bool held = d.reverse || active;
+      if (d.flags) {
+        E* hx = reinterpret_cast<E*>(d.xchg) + (static_cast<size_t>(s) * B + b) * Hout + j0 + iu[q];
+#pragma unroll
+        for (int e = 0; e < kPair; ++e)
+          if (iu[q] + e < nU) hx[e] = held ? hcur[q][e] : from_f<E>(0.f);
+      } else {
+        const unsigned data =
+            pack_pair<E>(held ? hcur[q][0] : from_f<E>(0.f), held ? hcur[q][kPair - 1] : from_f<E>(0.f));
+        st_word(xout + static_cast<size_t>(b) * words + (j0 + iu[q]) / kPair,
+                (static_cast<unsigned long long>(s + 1) << 32) | data);
+      }
+      if (a.seq) {
+        E* h_out = d.h + static_cast<size_t>(d.reverse ? t : t + 1) * B * Hout + static_cast<size_t>(b) * Hout;
+        float* c_out = d.c + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
+#pragma unroll
+        for (int e = 0; e < kPair; ++e) {
+          const int j = j0 + iu[q] + e;
+          if (iu[q] + e >= nU) continue;
+          h_out[j] = hcur[q][e];
+          c_out[j] = cst[q][e];
+        }
+      }
+    }
+    if (d.flags) {
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();
+        *reinterpret_cast<volatile unsigned*>(d.flags + k) = static_cast<unsigned>(s + 1);
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < IPT; ++q) {
+    if (!iv[q]) continue;
+#pragma unroll
+    for (int e = 0; e < kPair; ++e) {
+      const int b = ib[q], j = j0 + iu[q] + e;
+      if (iu[q] + e >= nU) continue;
+      d.h_n[static_cast<size_t>(b) * Hout + j] = hcur[q][e];
+      d.c_n[static_cast<size_t>(b) * H + j] = from_f<E>(cst[q][e]);
+    }
+  }
+}
+
+size_t smem_bytes(int units, int n_tiles, int64_t k_total, size_t esize, int pad) {
+  const size_t KS = static_cast<size_t>(k_total + pad);
+  return (4 * static_cast<size_t>(units) + 8 * static_cast<size_t>(n_tiles)) * KS * esize +
+         static_cast<size_t>(kWarps) * 4 * units * 8 * n_tiles * sizeof(float);
+}
+
+template <class E, int MT, int NT>
+void launch_one(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+  auto kernel = persistent_lstm_kernel<E, MT, NT>;
+  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.ctas * groups));
+  cfg.blockDim = dim3(kBlock);
+  cfg.dynamicSmemBytes = p.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.ctas));
+}
+
+template <class E, int MT>
+void launch_nt(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+  if constexpr (MT == 8) {
+    LSTM_REQUIRE(p.n_tiles == 1, "persistent LSTM: bad plan (32 units per CTA need batch <= 8)");
+    launch_one<E, MT, 1>(a, groups, p, stream);
+  } else {
+    switch (p.n_tiles) {
+      case 1: return launch_one<E, MT, 1>(a, groups, p, stream);
+      case 2: return launch_one<E, MT, 2>(a, groups, p, stream);
+      default: return launch_one<E, MT, 4>(a, groups, p, stream);
+    }
+  }
+}
+
+}  // namespace
+
+std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
+                            int device, PersistentShape* out) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    return std::string("the persistent kernels compute in F32, BF16 or F16, not ") + dtype_name(dtype);
+  if (B > 32) return "the persistent kernels run batches of up to 32 rows; got " + std::to_string(B);
+  if (groups > kPersistentMaxGroups)
+    return "one persistent launch runs at most " + std::to_string(kPersistentMaxGroups) + " layer directions";
+  int sms = 0, smem_optin = 0, coop = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "no usable CUDA device to plan the persistent kernels on (their limits come from its properties)";
+  }
+  if (!coop) return "the device has no cooperative launch (the persistent kernels need all CTAs resident)";
+  const bool f32 = dtype == DType::F32;
+  const size_t esize = f32 ? 4 : 2;
+  const int64_t kk = f32 ? 8 : 16;
+  const int pad = f32 ? 4 : 8;
+  const int64_t k_total = (in_size + kk - 1) / kk * kk + (Hout + kk - 1) / kk * kk;
+  const int nt = B <= 8 ? 1 : B <= 16 ? 2 : 4;
+  std::string last;
+  // $LSTM_PERSISTENT_UNITS (4, 8, 16 or 32) pins the slice per CTA, for measurement.
+  static const int pinned = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_UNITS");
+    return v ? std::atoi(v) : 0;
+  }();
+  for (int units : {4, 8, 16, 32}) {
+    if (pinned && units != pinned) continue;
+    if (units == 32 && nt > 1) continue;  // 32 units: batches up to 8 (the accumulators' registers)
+    const int64_t ctas = (H + units - 1) / units;
+    if (ctas * groups > sms || ctas > kPersistentMaxCtas) {
+      last = std::to_string(groups) + " x " + std::to_string(ctas) + " CTAs of " + std::to_string(units) +
+             " units exceed the device's " + std::to_string(sms) + " SMs";
+      continue;
+    }
+    const size_t smem = smem_bytes(units, nt, k_total, esize, pad);
+    if (smem > static_cast<size_t>(smem_optin))
+      return "the weights of hidden size " + std::to_string(H) + " (recurrent input " + std::to_string(Hout) +
+             (in_size ? ", layer input " + std::to_string(in_size) : std::string()) + ", " + dtype_name(dtype) + ", " +
+             std::to_string(groups) + " layer direction(s) at once, batch " + std::to_string(B) + ") need " +
+             std::to_string(smem / 1024) + " KiB of shared memory per SM at " + std::to_string(units) +
+             " units per CTA; the device has " + std::to_string(smem_optin / 1024) + " KiB per block and " +
+             std::to_string(sms) + " SMs";
+    out->units = units;
+    out->ctas = static_cast<int>(ctas);
+    out->n_tiles = nt;
+    out->smem = smem;
+    return "";
+  }
+  return "hidden size " + std::to_string(H) + " is too large for one CTA per SM: " + last;
+}
+
+const char* persistent_exchange_name(PersistentExchange x) { return x == PersistentExchange::Words ? "words" : "flags"; }
+
+PersistentExchange persistent_exchange_for(int64_t B) {
+  static const int forced = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_EXCHANGE");
+    if (!v) return -1;
+    const std::string name(v);
+    LSTM_REQUIRE(name == "words" || name == "flags",
+                 "LSTM_PERSISTENT_EXCHANGE: expected words or flags, got '" << name << "'");
+    return name == "words" ? 0 : 1;
+  }();
+  if (forced >= 0) return forced == 0 ? PersistentExchange::Words : PersistentExchange::Flags;
+  return B <= 2 ? PersistentExchange::Words : PersistentExchange::Flags;
+}
+
+template <class E>
+void launch_persistent(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+  LSTM_REQUIRE(p.ctas > 0 && p.ctas <= kPersistentMaxCtas, "persistent LSTM: bad plan (" << p.ctas << " CTAs)");
+  switch (p.units) {
+    case 4: return launch_nt<E, 1>(a, groups, p, stream);
+    case 8: return launch_nt<E, 2>(a, groups, p, stream);
+    case 16: return launch_nt<E, 4>(a, groups, p, stream);
+    case 32: return launch_nt<E, 8>(a, groups, p, stream);
+    default: LSTM_THROW("persistent LSTM: bad plan (" << p.units << " units per CTA)");
+  }
+}
+
+template void launch_persistent<float>(const PersistentArgs<float>&, int, const PersistentShape&, cudaStream_t);
+template void launch_persistent<__nv_bfloat16>(const PersistentArgs<__nv_bfloat16>&, int, const PersistentShape&,
+                                               cudaStream_t);
+template void launch_persistent<__half>(const PersistentArgs<__half>&, int, const PersistentShape&, cudaStream_t);
+
+}  // namespace lstm::cuda

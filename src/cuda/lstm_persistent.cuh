@@ -1,0 +1,104 @@
+// The persistent recurrence (Algo::Persistent): one kernel launch runs every step of a layer's
+// directions, each CTA holding its slice of W_hh in shared memory for the whole sequence and the
+// CTAs of a direction meeting once per step at a flag barrier in global memory. docs/KERNELS.md
+// ("The persistent backend") has the mapping, the barrier and the limits. Internal to the fused
+// backend (src/cuda/lstm_fused.cu), which does everything around the recurrence: the input
+// projection GEMMs, dropout, the layer loop, what training saves and the whole backward.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "lstm/tensor.hpp"
+
+namespace lstm::cuda {
+
+// How a launch is spread over the GPU: `units` hidden units per CTA (4*units rows of W_hh, and of
+// W_ih for groups that project their input themselves, in its shared memory), `ctas` CTAs per
+// group, `n_tiles` mma tiles of 8 batch rows, `smem` bytes of dynamic shared memory per CTA.
+struct PersistentShape {
+  int units = 0, ctas = 0, n_tiles = 0;
+  size_t smem = 0;
+};
+
+// The most groups (layer directions) one launch runs, and CTAs per group (the flag exchange's
+// flags per group).
+constexpr int kPersistentMaxGroups = 8;
+constexpr int kPersistentMaxCtas = 256;
+
+// How the CTAs hand h_t to each other (docs/KERNELS.md, "The exchange"): tagged 64-bit words
+// polled directly, or plain values behind a flag per CTA set after a fence.
+enum class PersistentExchange { Words, Flags };
+const char* persistent_exchange_name(PersistentExchange x);  // "words", "flags"
+// The exchange for batch B: $LSTM_PERSISTENT_EXCHANGE ("words" or "flags") when set (for
+// measurement), else the measured rule (lstm_persistent.cu).
+PersistentExchange persistent_exchange_for(int64_t B);
+
+// Plans a launch of `groups` groups of hidden size H and recurrent input Hout for batch B on CUDA
+// device `device`, from the device's properties (SM count, shared memory per block): the smallest
+// slice per CTA whose grid fits one CTA per SM. `in_size` > 0 when some group projects its input
+// (of that width) itself (the wavefront). "" and *out filled, or why it cannot run (named limits).
+std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
+                            int device, PersistentShape* out);
+
+// 64-bit exchange words of one group for T steps of batch B and width W (the group's h): one
+// slot of [B, W] words per step (W/2 rounded up for 16-bit E, which packs two values per word).
+inline size_t persistent_exchange_words(int64_t T, int64_t B, int64_t W, DType dtype) {
+  const int64_t per_row = dtype == DType::F32 ? W : (W + 1) / 2;
+  return static_cast<size_t>(T * B * per_row);
+}
+
+// One group of a launch: a layer direction. Slot conventions are the fused backend's (DirPtrs
+// in lstm_fused.cu): training (seq) keeps h and c of every step, forward direction writing slot
+// t+1, reverse slot t (the initial state in slot 0, or T for reverse); inference reads h0/c0 from
+// slot 0 and keeps the state on-chip. h_t itself travels between CTAs through the exchange
+// words: after step s each CTA stores its units' h_t into slot s of xchg as 64-bit words, the data
+// in the low half (one F32 value, or two adjacent 16-bit values) and the tag s + 1 in the high
+// half, so a reader that sees the tag sees the data (no fence, no separate flag).
+template <class E>
+struct PersistentGroup {
+  const E* w_hh = nullptr;   // [4H, Hout]
+  const E* b_ih = nullptr;   // [4H] or null (no bias)
+  const E* b_hh = nullptr;   // [4H] or null
+  // Either gates holds x W_ih^T of every step (a GEMM before the launch; w_ih null), or w_ih is
+  // set and the group projects its input itself each step from the exchange words of the group
+  // below (in_xchg, width in_size; the wavefront of a unidirectional stack).
+  float* gates = nullptr;    // [T, B, 4H]; training: the activated i, f, g, o written back
+  const E* w_ih = nullptr;   // [4H, in_size] or null
+  const unsigned long long* in_xchg = nullptr;
+  int in_size = 0;
+  E* h = nullptr;            // seq [T+1, B, Hout]; inference [B, Hout] (h0)
+  float* c = nullptr;        // seq [T+1, B, H]; inference [B, H] (c0)
+  E* y = nullptr;            // the layer output's column block of this direction ([T, B, ldy])
+  E* h_n = nullptr;          // [B, Hout]
+  E* c_n = nullptr;          // [B, H]
+  unsigned long long* xchg = nullptr;  // [T, B, words], zero before the launch
+  // The flag exchange instead (flags set): xchg holds plain E values [T, B, Hout] and CTA k stores
+  // flags[k] = s + 1 (after a fence) once its values of step s are written; in_flags are the
+  // group below's. Both zero before the launch, at most kPersistentMaxCtas each.
+  unsigned* flags = nullptr;
+  const unsigned* in_flags = nullptr;
+  int reverse = 0;
+};
+
+template <class E>
+struct PersistentArgs {
+  PersistentGroup<E> group[kPersistentMaxGroups];
+  const int32_t* len = nullptr;  // [B]
+  int T = 0, B = 0, H = 0, Hout = 0, ldy = 0;
+  int seq = 0;        // training: every step's state in slots, activated gates saved
+  int fp32_split = 0; // F32 without TF32: each product as three TF32 products (hi*hi + hi*lo + lo*hi)
+  // Measurement only ($LSTM_PERSISTENT_SKIP, docs/KERNELS.md), results are wrong with it: bit 0
+  // leaves the recurrent product out, bit 1 the wait for the other CTAs' h.
+  int skip = 0;
+};
+
+// Launches groups [0, groups) as one cooperative grid (all CTAs resident) on `stream`. Throws
+// lstm::Error when the launch fails.
+template <class E>
+void launch_persistent(const PersistentArgs<E>& a, int groups, const PersistentShape& shape, cudaStream_t stream);
+
+}  // namespace lstm::cuda
