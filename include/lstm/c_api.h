@@ -86,7 +86,8 @@ int lstm_backend_create(const lstm_spec* spec, int dtype, int device, int device
                         const lstm_backend_options* options, lstm_backend** out);
 void lstm_backend_destroy(lstm_backend* b);
 /* "name": the row it came from (e.g. "reference", "auto"); "last_run": how its last call ran;
- * "log": its decisions by measurement. NULL for an unknown key. */
+ * "log": its decisions by measurement; "settled": "1" when the decisions for the shapes of its
+ * last calls are made (benchmarks warm up until then), else "0". NULL for an unknown key. */
 const char* lstm_backend_info(lstm_backend* b, const char* key);
 /* The flat weight layout the backend uses weights in place from (LstmBackend::flat_layout):
  * *bytes and, when offsets is not NULL, one byte offset per parameter. *bytes = 0: none (weights

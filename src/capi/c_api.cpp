@@ -267,6 +267,7 @@ const char* lstm_backend_info(lstm_backend* b, const char* key) {
   if (k == "name") return keep(3, b->be->name());
   if (k == "last_run") return keep(3, b->be->last_run());
   if (k == "log") return keep(3, b->be->log());
+  if (k == "settled") return keep(3, b->be->settled() ? "1" : "0");
   return nullptr;
 }
 
