@@ -98,7 +98,7 @@ assert out.shape == (5, 2, 4)
 print("python: the wheel loads its bundled", p)')
   local rc=$?
   rm -rf "$tmp" python/build python/lstm_engine.egg-info
-  return $rc
+  return "$rc"
 }
 
 part_asan() {
