@@ -16,6 +16,7 @@ import threading
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from . import _lib
@@ -182,6 +183,7 @@ class _LstmFunction(torch.autograd.Function):
         return output, h_n, c_n
 
     @staticmethod
+    @once_differentiable  # the engine's backward is not itself differentiable: a clear error
     def backward(ctx, d_output, d_h_n, d_c_n):
         x, h0, c0, *weights = ctx.saved_tensors
         if ctx.saved is None or not ctx.saved.ptr:

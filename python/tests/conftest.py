@@ -14,6 +14,10 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures")
 if os.path.join(REPO, "python") not in sys.path:
     sys.path.insert(0, os.path.join(REPO, "python"))
 
+# Algo::Auto's choices go to a file of the test run's own, not the user's cache.
+os.environ.setdefault("LSTM_AUTO_CACHE", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"lstm_engine_pytest_auto_{os.getpid()}.json"))
+
 import lstm_engine  # noqa: E402
 from lstm_engine import _lib  # noqa: E402
 

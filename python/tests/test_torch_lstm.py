@@ -193,11 +193,14 @@ def test_random_cpu_half(dtype, how):
     compare(got, want, TOL[dtype], f"cpu {dtype}")
 
 
+GPU_RUNS = [RUNS[0], RUNS[3]]  # plain; packed (unsorted lengths) with h0/c0
+GPU_PRECS = [(a, p) for a in GPU_ALGOS for p in ("f32", "tf32", "bf16", "f16")] + [("cudnn", "f64")]
+
+
 @needs_cuda
 @pytest.mark.parametrize("kw", CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
-@pytest.mark.parametrize("how", RUNS, ids=lambda r: r[0])
-@pytest.mark.parametrize("algo", GPU_ALGOS)
-@pytest.mark.parametrize("prec", ["f32", "tf32", "bf16", "f16", "f64"])
+@pytest.mark.parametrize("how", GPU_RUNS, ids=lambda r: r[0])
+@pytest.mark.parametrize("algo,prec", GPU_PRECS, ids=lambda v: str(v))
 def test_random_cuda(kw, how, algo, prec):
     dtype = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
              "f64": torch.float64}[prec]
@@ -476,3 +479,20 @@ def test_cuda_graph_training_step(algo):
         assert abs(got - want) <= 1e-4 * max(1.0, abs(want)), f"replay {i}: graphed ours {got}, nn.LSTM {want}"
     for k, v in ref.state_dict().items():
         assert rel_l2(ours.state_dict()[k], v) < 1e-3, k
+
+
+def test_retain_graph_and_double_backward():
+    torch.manual_seed(8)
+    ref = nn.LSTM(3, 4, num_layers=2).double()
+    mod = from_torch(ref)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    out, _ = mod(x)
+    (g1,) = torch.autograd.grad(out.sum(), x, retain_graph=True)
+    (g2,) = torch.autograd.grad((2 * out).sum(), x)  # a second backward through the same forward
+    assert rel_l2(g2, 2 * g1) < 1e-12
+    (gr,) = torch.autograd.grad(ref(x)[0].sum(), x)
+    assert rel_l2(g1, gr) < 1e-12
+    out, _ = mod(x)
+    (g,) = torch.autograd.grad((out**2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+        g.sum().backward()
