@@ -134,6 +134,15 @@ class _Backend:
     def info(self, key):
         return _lib.text(_lib.lib().lstm_backend_info(self.handle.ptr, key.encode()))
 
+    def flat_layout(self, count):
+        """(bytes, byte offsets) of the backend's flat weight layout (cuDNN's weight space), or None."""
+        if not hasattr(self, "_layout"):
+            nbytes = ctypes.c_size_t()
+            offsets = (ctypes.c_size_t * count)()
+            _lib.check(_lib.lib().lstm_backend_flat_layout(self.handle.ptr, ctypes.byref(nbytes), offsets, count))
+            self._layout = (nbytes.value, list(offsets)) if nbytes.value else None
+        return self._layout
+
     def forward(self, x, lengths, h0, c0, weights, training, seed, want_saved):
         lib = _lib.lib()
         s = self.spec
@@ -172,6 +181,24 @@ class _Backend:
         saved.close()
 
 
+def _views(flat, offsets, like):
+    es = flat.element_size()
+    return [flat[o // es:o // es + t.numel()].view(t.shape) for o, t in zip(offsets, like)]
+
+
+def _flat_layout_of(backend, weights):
+    """The backend's flat layout when `weights` sit in it (views of one buffer at its offsets)."""
+    if weights[0].device.type != "cuda":
+        return None
+    layout = backend.flat_layout(len(weights))
+    if layout is None:
+        return None
+    base = weights[0].data_ptr() - layout[1][0]
+    if all(w.data_ptr() == base + o for w, o in zip(weights, layout[1])):
+        return layout
+    return None
+
+
 class _LstmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, backend, lengths, training, seed, x, h0, c0, *weights):
@@ -179,6 +206,7 @@ class _LstmFunction(torch.autograd.Function):
         ctx.backend = backend
         ctx.saved = saved
         ctx.call = (lengths, training, seed)
+        ctx.flat = _flat_layout_of(backend, weights)
         ctx.save_for_backward(x, h0, c0, *weights)
         return output, h_n, c_n
 
@@ -197,7 +225,15 @@ class _LstmFunction(torch.autograd.Function):
         d_h0 = torch.empty_like(h0) if h0 is not None and need[5] else None
         d_c0 = torch.empty_like(c0) if c0 is not None and need[6] else None
         # The engine adds into d_weights: zeros give the gradients alone; autograd accumulates .grad.
-        d_w = [torch.zeros_like(w) for w in weights]
+        # Weights laid out in the backend's flat layout get their gradients in the same layout, so
+        # that the backend accumulates them in place.
+        layout = ctx.flat
+        if layout is not None:
+            flat = torch.zeros(layout[0] // weights[0].element_size(), dtype=weights[0].dtype,
+                               device=weights[0].device)
+            d_w = _views(flat, layout[1], weights)
+        else:
+            d_w = [torch.zeros_like(w) for w in weights]
         cont = [g.contiguous() if g is not None else None for g in (d_output, d_h_n, d_c_n)]
         ctx.backend.backward(ctx.saved, weights, cont[0], cont[1], cont[2], d_x, d_h0, d_c0, d_w, x.device)
         ctx.saved = None
@@ -215,6 +251,10 @@ class LSTM(nn.Module):
       cudnn_algo: for algo "cudnn": "heuristic" (PyTorch's rule, the default), "standard", ..., "auto".
       cuda_graphs: "auto" (default), "on", "off": whether GPU backends replay their calls as CUDA
         graphs of their own (inside torch.cuda.graph they always run eagerly into PyTorch's graph).
+      flat_weights: True (default): on a GPU backend with a flat weight layout (cuDNN's weight
+        space) the parameters are moved into one buffer in that layout on the first forward and
+        stay views of it (nn.LSTM's flatten_parameters), so that the engine reads them and
+        accumulates their gradients in place instead of copying them on every call.
     """
 
     __constants__ = ["mode", "input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout",
@@ -222,7 +262,7 @@ class LSTM(nn.Module):
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, proj_size=0, device=None, dtype=None, *, algo="auto", cudnn_algo=None,
-                 cuda_graphs=None):
+                 cuda_graphs=None, flat_weights=True):
         super().__init__()
         # nn.LSTM's own checks, with its messages.
         if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
@@ -250,6 +290,7 @@ class LSTM(nn.Module):
         self.algo = algo
         self.cudnn_algo = cudnn_algo
         self.cuda_graphs = cuda_graphs
+        self.flat_weights = flat_weights
         factory = {"device": device, "dtype": dtype}
         D = 2 if bidirectional else 1
         hout = proj_size if proj_size > 0 else hidden_size
@@ -281,7 +322,23 @@ class LSTM(nn.Module):
             nn.init.uniform_(w, -stdv, stdv)
 
     def flatten_parameters(self):
-        """nn.LSTM's, kept for drop-in use: a no-op (weights are read where they are)."""
+        """nn.LSTM's: kept for drop-in use. The parameters are flattened (when flat_weights and the
+        backend has a flat layout) on the next forward on a GPU."""
+
+    def _flatten(self, be, params):
+        """Makes the parameters views into one buffer in the backend's flat layout (once; again after
+        .to() or anything else that replaced them). Never while PyTorch's stream is capturing."""
+        if _flat_layout_of(be, params) is not None or torch.cuda.is_current_stream_capturing():
+            return
+        layout = be.flat_layout(len(params))
+        if layout is None:
+            return
+        flat = torch.zeros(layout[0] // params[0].element_size(), dtype=params[0].dtype, device=params[0].device)
+        views = _views(flat, layout[1], params)
+        with torch.no_grad():
+            for p, v in zip(params, views):
+                v.copy_(p)
+                p.data = v
 
     def extra_repr(self):
         s = f"{self.input_size}, {self.hidden_size}"
@@ -393,6 +450,9 @@ class LSTM(nn.Module):
         w = [t.contiguous() for t in w]
         be = self._backend(compute, x.device)
         self._last_backend = be
+        if self.flat_weights and compute == dtype and x.device.type == "cuda":
+            self._flatten(be, self._flat_weights)
+            w = self._flat_weights
         training = self.training and self.dropout > 0 and self.num_layers > 1
         seed = int(torch.randint(0, 2**62, (1,)).item()) if training else 0
         need_grad = torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in w) or

@@ -496,3 +496,30 @@ def test_retain_graph_and_double_backward():
     (g,) = torch.autograd.grad((out**2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
         g.sum().backward()
+
+
+@needs_cuda
+@pytest.mark.parametrize("algo", ["cudnn", "auto"])
+def test_cuda_flat_weights_in_place(algo):
+    """On cuDNN the parameters become views of one buffer in its weight layout (nn.LSTM's
+    flatten_parameters) and give the same results and gradients as separate tensors."""
+    torch.manual_seed(9)
+    ref = nn.LSTM(5, 8, num_layers=2, bidirectional=True, proj_size=3)
+    flat = from_torch(ref, algo=algo).cuda()
+    sep = LSTM(5, 8, num_layers=2, bidirectional=True, proj_size=3, algo=algo, flat_weights=False).cuda()
+    sep.load_state_dict(flat.state_dict())
+    x = torch.randn(6, 3, 5, device="cuda")
+    got = run(flat, x)
+    want = run(sep, x, r=got[4])
+    ptrs = {p.untyped_storage().data_ptr() for p in flat.parameters()}
+    layout = flat._last_backend.flat_layout(len(flat._flat_weights))
+    if layout is None:
+        pytest.skip(f"{algo}: the backend has no flat weight layout")
+    assert len(ptrs) == 1, "the parameters are not views of one buffer"
+    assert len({p.untyped_storage().data_ptr() for p in sep.parameters()}) > 1
+    compare(got, want[:4], 1e-6, f"flat vs separate weights ({algo})")
+    # The state_dict still has nn.LSTM's tensors and loads back into nn.LSTM.
+    ref2 = nn.LSTM(5, 8, num_layers=2, bidirectional=True, proj_size=3)
+    ref2.load_state_dict({k: v.cpu() for k, v in flat.state_dict().items()}, strict=True)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(ref2.state_dict()[k], v)
