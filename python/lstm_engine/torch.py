@@ -13,6 +13,7 @@ the limits.
 import ctypes
 import math
 import threading
+import warnings
 
 import torch
 from torch import nn
@@ -278,6 +279,9 @@ class LSTM(nn.Module):
             raise ValueError("proj_size should be a positive integer or zero to disable projections")
         if proj_size >= hidden_size:
             raise ValueError("proj_size has to be smaller than hidden_size")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn("dropout option adds dropout after all but last recurrent layer, so non-zero dropout "
+                          f"expects num_layers greater than 1, but got dropout={dropout} and num_layers={num_layers}")
         self.mode = "LSTM"
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -404,6 +408,17 @@ class LSTM(nn.Module):
                                f"got {x.shape[-1]}")
         w = self._flat_weights
         dtype = w[0].dtype
+        autocast = None
+        if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+            # nn.LSTM runs in autocast's lower precision (cuDNN's RNN is on its fp16 list): so do
+            # we, with the inputs, states and weights cast for the call (differentiably).
+            autocast = torch.get_autocast_dtype("cuda")
+            if dtype in (torch.float32, autocast) and x.dtype in (torch.float32, autocast):
+                x = x.to(autocast)
+                w = [t.to(autocast) for t in w]
+                if hx is not None:
+                    hx = tuple(t.to(autocast) for t in hx)
+                dtype = autocast
         if x.dtype != dtype:
             raise ValueError(f"input must have the type {dtype}, got type {x.dtype}")
         if x.device != w[0].device:
@@ -450,7 +465,8 @@ class LSTM(nn.Module):
         w = [t.contiguous() for t in w]
         be = self._backend(compute, x.device)
         self._last_backend = be
-        if self.flat_weights and compute == dtype and x.device.type == "cuda":
+        if self.flat_weights and compute == dtype and x.device.type == "cuda" and w[0].dtype == dtype and \
+                self._flat_weights[0].dtype == dtype:
             self._flatten(be, self._flat_weights)
             w = self._flat_weights
         training = self.training and self.dropout > 0 and self.num_layers > 1

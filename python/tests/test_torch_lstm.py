@@ -523,3 +523,18 @@ def test_cuda_flat_weights_in_place(algo):
     ref2.load_state_dict({k: v.cpu() for k, v in flat.state_dict().items()}, strict=True)
     for k, v in ref.state_dict().items():
         assert torch.equal(ref2.state_dict()[k], v)
+
+
+@needs_cuda
+def test_cuda_autocast():
+    """Under torch.autocast the LSTM runs in the autocast dtype, as nn.LSTM does."""
+    torch.manual_seed(10)
+    ref = nn.LSTM(6, 12, num_layers=2).double()
+    ours = from_torch(ref).float().cuda()
+    x = torch.randn(9, 4, 6, dtype=torch.float64)
+    with torch.autocast("cuda", dtype=torch.float16):
+        out, (h, c) = ours(x.float().cuda())
+    assert out.dtype == torch.float16 and h.dtype == torch.float16
+    want, (wh, wc) = ref(x)
+    assert rel_l2(out, want) < TOL[torch.float16] and rel_l2(h, wh) < TOL[torch.float16]
+    assert ours.weight_ih_l0.dtype == torch.float32
