@@ -538,3 +538,18 @@ def test_cuda_autocast():
     want, (wh, wc) = ref(x)
     assert rel_l2(out, want) < TOL[torch.float16] and rel_l2(h, wh) < TOL[torch.float16]
     assert ours.weight_ih_l0.dtype == torch.float32
+
+
+def test_packed_sorted_without_indices():
+    """A PackedSequence made with enforce_sorted=True (no indices) comes back the same way."""
+    torch.manual_seed(11)
+    ref = nn.LSTM(3, 5, num_layers=2, bidirectional=True).double()
+    mod = from_torch(ref)
+    x = torch.randn(6, 3, 3, dtype=torch.float64)
+    h0 = torch.randn(4, 3, 5, dtype=torch.float64)
+    packed = pack_padded_sequence(x, torch.tensor([6, 4, 2]), enforce_sorted=True)
+    assert packed.sorted_indices is None
+    o1, (h1, c1) = ref(packed, (h0, h0))
+    o2, (h2, c2) = mod(packed, (h0, h0))
+    assert o2.sorted_indices is None and torch.equal(o2.batch_sizes, o1.batch_sizes)
+    assert rel_l2(o2.data, o1.data) < 1e-12 and rel_l2(h2, h1) < 1e-12 and rel_l2(c2, c1) < 1e-12
