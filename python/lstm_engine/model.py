@@ -75,6 +75,13 @@ class Model:
         c = self.metadata.get("lstm_engine.classes")
         return json.loads(c) if c else None
 
+    @property
+    def normalization(self):
+        """regress/forecast: the training split's statistics ({"inputs": {"names", "mean", "std"} or
+        None, "targets": {...}}) that forward's inputs and outputs are standardised with; else None."""
+        n = self.metadata.get("lstm_engine.normalization")
+        return json.loads(n) if n else None
+
     def forward(self, x, lengths=None):
         """x: a numpy array or a (CPU) torch tensor, sequence-major ([T, B] token ids or
         [T, B, F] features); lengths: B values in [1, T] or None. Returns the output as the same

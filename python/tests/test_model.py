@@ -160,3 +160,11 @@ def test_forward_cuda_matches_cpu(run_dir):
     r1 = lstm_engine.evaluate(run_dir / "run", run_dir / "test.csv")
     r2 = lstm_engine.evaluate(run_dir / "run", run_dir / "test.csv", device="cuda")
     assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-4)
+
+
+def test_module_main_lists_the_library_and_backends():
+    r = subprocess.run([__import__("sys").executable, "-m", "lstm_engine"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(__import__("sys").path)})
+    assert r.returncode == 0, r.stderr
+    assert lstm_engine._lib.path() in r.stdout
+    assert "  reference " in r.stdout
