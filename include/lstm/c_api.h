@@ -123,7 +123,8 @@ typedef struct lstm_forward_args {
 } lstm_forward_args;
 
 /* One forward. saved == NULL: inference; otherwise *saved receives what backward needs (free it
- * with lstm_saved_destroy, after the backward or instead of it). */
+ * with lstm_saved_destroy, after the backward or instead of it). A saved state may point at the
+ * caller's x, h0, c0 and weights: keep them alive and unchanged until its backward. */
 int lstm_backend_forward(lstm_backend* b, const lstm_forward_args* args, lstm_saved** saved);
 
 typedef struct lstm_backward_args {
