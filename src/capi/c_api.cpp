@@ -231,6 +231,7 @@ int lstm_backend_create(const lstm_spec* spec, int dtype, int device, int device
     auto h = std::make_unique<lstm_backend>();
     h->requested = algo;
     h->device_index = device_index;
+    if (dev == Device::CUDA) require_cuda("LSTM algo '" + algo + "'");
 #if LSTM_HAVE_CUDA
     // A backend makes its descriptors and handles on the current device.
     std::unique_ptr<cuda::ExecScope> scope;
@@ -243,7 +244,6 @@ int lstm_backend_create(const lstm_spec* spec, int dtype, int device, int device
 #else
     (void)device_index;
 #endif
-    if (dev == Device::CUDA) require_cuda("LSTM algo '" + algo + "'");
     if (algo == "auto") {
       o.algo = Algo::Auto;
       h->be = make_lstm_backend(o, s, dt, dev);
