@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from conftest import CUDA, FIXTURES, TOL, needs_cuda, read_safetensors, rel_l2
+from conftest import FIXTURES, TOL, needs_cuda, read_safetensors, rel_l2
 import lstm_engine
 from lstm_engine import LstmError, _lib
 from lstm_engine.torch import LSTM, from_torch, param_names
