@@ -362,8 +362,10 @@ class LSTM(nn.Module):
         return s
 
     def __getstate__(self):
+        # Engine handles stay with their process: a copy (deepcopy, pickle, torch.save) makes its own.
         state = self.__dict__.copy()
         state["_backends"] = {}
+        state.pop("_last_backend", None)
         return state
 
     def _spec(self):

@@ -555,3 +555,17 @@ def test_packed_sorted_without_indices():
     o2, (h2, c2) = mod(packed, (h0, h0))
     assert o2.sorted_indices is None and torch.equal(o2.batch_sizes, o1.batch_sizes)
     assert rel_l2(o2.data, o1.data) < 1e-12 and rel_l2(h2, h1) < 1e-12 and rel_l2(c2, c1) < 1e-12
+
+
+def test_deepcopy_and_save_load(tmp_path):
+    import copy
+
+    torch.manual_seed(12)
+    mod = LSTM(3, 4, num_layers=2, algo="reference")
+    x = torch.randn(5, 2, 3)
+    want = mod(x)[0]
+    twin = copy.deepcopy(mod)
+    torch.save(mod, tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert torch.equal(twin(x)[0], want) and torch.equal(loaded(x)[0], want)
+    assert twin._backends is not mod._backends and loaded.algo == "reference"
