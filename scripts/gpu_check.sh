@@ -14,8 +14,13 @@
 #            else BUILD_DIR/libexec/lstm-engine/bench_cpu_lstm (an install with
 #            -DLSTM_INSTALL_BENCH=ON), else BUILD_DIR/bin/bench_cpu_lstm (older installs);
 #            bench_gpu_lstm likewise ($LSTM_BENCH_GPU).
-# Sections (all run by default): tests, interop, cpu_bench, gpu_bench (GPU LSTM harness over
-# bench/suites.json + torch.nn.LSTM on the GPU + gpu_report.py; bench/README.md).
+# Sections (all run by default): tests, python (pytest of the Python package, python/tests: its
+# GPU cases against torch.nn.LSTM, CUDA graphs, training loops; loads BUILD_DIR/liblstm_c.so),
+# interop, cpu_bench, gpu_bench (GPU LSTM harness over bench/suites.json + torch.nn.LSTM on the
+# GPU + gpu_report.py; bench/README.md).
+# Opt-in section: python_bench (scripts/bench_python.py: lstm_engine.torch.LSTM against nn.LSTM,
+# eager and graphed, latency/paper/throughput suites -> bench/python.jsonl; budget
+# LSTM_PY_BENCH_BUDGET_S, default 420 s; LSTM_PY_BENCH_ARGS adds arguments).
 # Opt-in section: sanitizer (compute-sanitizer over the GPU test executables: memcheck on every
 # kernel, racecheck and synccheck on our own kernels; select it with LSTM_CHECK_SECTIONS, e.g.
 # "tests sanitizer"; it is 10-100x slower than the tests alone, so trim it with the variables below).
@@ -31,7 +36,8 @@
 # reported, never an error.
 #
 # Environment (all optional):
-#   LSTM_CHECK_SECTIONS       sections to run, in order (default "tests interop cpu_bench gpu_bench")
+#   LSTM_CHECK_SECTIONS       sections to run, in order (default "tests python interop cpu_bench gpu_bench")
+#   LSTM_PYTEST_ARGS          extra pytest arguments for the python section, e.g. "-k cuda -x"
 #   LSTM_CHECK_QUICK=1        benchmarks with --quick (smoke test of this script)
 #   LSTM_CHECK_THREADS        CPU bench thread counts (default "2 N", N = min(16, nproc))
 #   LSTM_CHECK_CPU_BENCH_ARGS extra arguments for both CPU benches, e.g. "--hidden 128 --layers 1"
@@ -485,6 +491,41 @@ section_interop() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# section: python (the Python package's tests; the GPU cases run here)
+# ---------------------------------------------------------------------------------------------
+python_env() {
+  # The build's C API library and lstm program; the package from the source tree (no install).
+  env LSTM_ENGINE_LIB="$BUILD_DIR/liblstm_c.so" LSTM_ENGINE_BIN="$BUILD_DIR/lstm" \
+    PYTHONPATH="$REPO_DIR/python${PYTHONPATH:+:$PYTHONPATH}" "$@"
+}
+
+section_python() {
+  [[ -f "$BUILD_DIR/liblstm_c.so" ]] || { NOTE="no $BUILD_DIR/liblstm_c.so"; return 1; }
+  if ! have_python || ! "$PYTHON" -c 'import torch, numpy, pytest' 2>/dev/null; then
+    NOTE="no torch/numpy/pytest"
+    return 1
+  fi
+  # shellcheck disable=SC2086
+  python_env "$PYTHON" -m pytest -q -rs -p no:cacheprovider --junitxml="$OUT/logs/python.xml" \
+    ${LSTM_PYTEST_ARGS:-} "$REPO_DIR/python/tests" 2>&1 | tee "$OUT/logs/python.log"
+  local rc=${PIPESTATUS[0]}
+  NOTE=$(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed).* in ' "$OUT/logs/python.log" | tail -n 1)
+  return "$rc"
+}
+
+section_python_bench() {
+  [[ -f "$BUILD_DIR/liblstm_c.so" ]] || { NOTE="no $BUILD_DIR/liblstm_c.so"; return 1; }
+  have_python || { NOTE="no $PYTHON"; return 1; }
+  # shellcheck disable=SC2086
+  python_env "$PYTHON" "$REPO_DIR/scripts/bench_python.py" --out "$OUT/bench/python.jsonl" \
+    --budget-s "${LSTM_PY_BENCH_BUDGET_S:-420}" "${QUICK_FLAG[@]}" ${LSTM_PY_BENCH_ARGS:-} 2>&1 |
+    tee "$OUT/logs/python_bench.log"
+  local rc=${PIPESTATUS[0]}
+  NOTE="$(grep -c '"kind": "result"' "$OUT/bench/python.jsonl" 2>/dev/null || echo 0) rows in bench/python.jsonl"
+  return "$rc"
+}
+
+# ---------------------------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------------------------
 run_section() {
@@ -529,7 +570,7 @@ write_machine() {
   } >"$OUT/report.d/05_machine.md"
 }
 write_machine
-for s in ${LSTM_CHECK_SECTIONS:-tests interop cpu_bench gpu_bench}; do
+for s in ${LSTM_CHECK_SECTIONS:-tests python interop cpu_bench gpu_bench}; do
   run_section "$s"
 done
 

@@ -22,6 +22,14 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The Python package's tests (scripts/test.sh python) need pytest and numpy besides torch; pip
+# installs them when missing (torch itself is not installed here: it is large, and CI has it).
+py_missing=()
+for m in pytest numpy; do python3 -c "import $m" 2>/dev/null || py_missing+=("$m"); done
+if ((${#py_missing[@]})); then
+  echo "setup: pip installing ${py_missing[*]}"
+  python3 -m pip install -q "${py_missing[@]}" || echo "setup: pip could not install ${py_missing[*]}; the python test part will say so"
+fi
 [ "$mode" = "--deps-only" ] && exit 0
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release

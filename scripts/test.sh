@@ -6,6 +6,10 @@
 #   default  build/      CUDA auto-detected (on where nvcc is found), Release; ctest
 #   cpu      build-cpu/  -DLSTM_CUDA=OFF (what a machine without nvcc builds), Release; ctest.
 #                        Skipped when the default part ran here and found no CUDA: the same build.
+#   python   build-cpu/  (build/ when the default part ran without CUDA) the Python package
+#                        (python/): pytest of python/tests against torch.nn.LSTM and the lstm
+#                        program (GPU cases skip without a GPU), and a wheel built and imported
+#                        offline with its bundled liblstm_c.so. Needs python3 with torch.
 #   asan     build-asan/ -DLSTM_CUDA=OFF -DLSTM_SANITIZE=ON (GCC, ASan+UBSan, RelWithDebInfo;
 #                        no benchmarks or examples); ctest. Any sanitizer report fails its test.
 #   fuzz     build-fuzz/ scripts/fuzz.sh: clang, libFuzzer, ASan+UBSan; replays
@@ -22,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
-ALL_PARTS=(default cpu asan fuzz)
+ALL_PARTS=(default cpu python asan fuzz)
 JOBS=${LSTM_TEST_JOBS:-$(nproc)}
 if (($#)); then
   parts=("$@")
@@ -61,6 +65,40 @@ part_cpu() {
     return 0
   fi
   build_and_test build-cpu -DCMAKE_BUILD_TYPE=Release -DLSTM_CUDA=OFF
+}
+
+part_python() {
+  local dir=build-cpu
+  if ((default_ran_without_cuda)); then
+    dir=build
+  elif [[ ! -f build-cpu/CMakeCache.txt ]]; then
+    cmake -S . -B build-cpu -DCMAKE_BUILD_TYPE=Release -DLSTM_CUDA=OFF || return 1
+  fi
+  # A no-op after the cpu part (it built everything); alone, builds what the tests load and run.
+  cmake --build "$dir" -j"$JOBS" --target lstm_c lstm_cli || return 1
+  python3 -c 'import torch, numpy, pytest' || {
+    log "python: needs python3 with torch, numpy and pytest (scripts/setup.sh --deps-only pip-installs numpy and pytest)"
+    return 1
+  }
+  LSTM_ENGINE_LIB="$PWD/$dir/liblstm_c.so" LSTM_ENGINE_BIN="$PWD/$dir/lstm" PYTHONPATH="$PWD/python" \
+    python3 -m pytest -q -rs -p no:cacheprovider python/tests || return 1
+  # The installed route: a wheel built offline bundles the library and loads it from there.
+  local tmp
+  tmp=$(mktemp -d) || return 1
+  LSTM_ENGINE_LIB="$PWD/$dir/liblstm_c.so" python3 -m pip wheel -q --no-build-isolation --no-index --no-deps \
+    -w "$tmp/wheel" ./python &&
+    python3 -m pip install -q --no-index --no-deps --target "$tmp/site" "$tmp"/wheel/*.whl &&
+    (cd "$tmp" && env -u LSTM_ENGINE_LIB PYTHONPATH="$tmp/site" python3 -c '
+import lstm_engine, torch
+from lstm_engine.torch import LSTM
+p = lstm_engine._lib.path()
+assert p.endswith("site/lstm_engine/lib/liblstm_c.so"), p
+out, _ = LSTM(3, 4)(torch.randn(5, 2, 3))
+assert out.shape == (5, 2, 4)
+print("python: the wheel loads its bundled", p)')
+  local rc=$?
+  rm -rf "$tmp" python/build python/lstm_engine.egg-info
+  return "$rc"
 }
 
 part_asan() {

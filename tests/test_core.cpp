@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "lstm/rng.hpp"
 #include "lstm/tensor.hpp"
@@ -21,6 +22,30 @@ TEST(Tensor, ShapeReshapeSlice) {
   EXPECT_THROW(t.reshape({5, 5}), Error);
   EXPECT_THROW(t.size(3), Error);
   EXPECT_THROW(t.data<double>(), Error);
+}
+
+// Tensor::wrap works on the caller's memory in place and never frees it.
+TEST(Tensor, WrapIsNonOwningAndInPlace) {
+  std::vector<float> mine(6, 0.0f);
+  {
+    Tensor w = Tensor::wrap(mine.data(), {2, 3}, DType::F32, Device::CPU);
+    EXPECT_EQ(w.raw(), mine.data());
+    EXPECT_EQ(w.shape(), (Shape{2, 3}));
+    w.set(4, 2.5);
+    Tensor copy = w;             // shares the storage
+    Tensor row = w.slice0(1, 2);  // a view
+    row.fill_(7.0);
+    Tensor src = Tensor::full({2, 3}, 1.0, DType::F64);
+    Tensor other = Tensor::wrap(mine.data(), {6}, DType::F32, Device::CPU);
+    EXPECT_EQ(copy.get(4), 7.0);
+    EXPECT_EQ(mine[0], 0.0f);
+    other.slice0(0, 1).copy_(src.reshape({6}).slice0(0, 1));
+  }  // every handle gone: nothing freed (the vector still owns its memory)
+  EXPECT_EQ(mine[0], 1.0f);
+  EXPECT_EQ(mine[3], 7.0f);
+  EXPECT_EQ(mine[5], 7.0f);
+  EXPECT_NO_THROW(Tensor::wrap(nullptr, {0}, DType::F32, Device::CPU));
+  EXPECT_THROW(Tensor::wrap(nullptr, {2}, DType::F32, Device::CPU), Error);
 }
 
 TEST(Tensor, HalfConversionsRoundTrip) {

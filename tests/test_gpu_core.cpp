@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -152,6 +153,55 @@ TEST(GpuCore, ArenaReusesBlocksWithoutNewMallocs) {
   arena_release_cached();
   EXPECT_LE(arena_stats().reserved_bytes, before.reserved_bytes);
 }
+
+// Inside an ExternalAllocScope the arena's blocks come from the caller's allocator (PyTorch's,
+// through the C API) and go back to it when freed, even after the scope closed; outside, from the
+// arena as before.
+#if LSTM_HAVE_CUDA
+namespace {
+struct CountingAllocator {
+  int allocs = 0, frees = 0;
+  std::vector<void*> live;
+  static void* alloc(void* ctx, size_t bytes, cudaStream_t) {
+    auto* self = static_cast<CountingAllocator*>(ctx);
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    ++self->allocs;
+    self->live.push_back(p);
+    return p;
+  }
+  static void free(void* ctx, void* p) {
+    auto* self = static_cast<CountingAllocator*>(ctx);
+    ++self->frees;
+    self->live.erase(std::find(self->live.begin(), self->live.end(), p));
+    cudaFree(p);
+  }
+};
+}  // namespace
+
+TEST(GpuCore, ExternalAllocatorServesAScopeAndGetsItsBlocksBack) {
+  LSTM_REQUIRE_GPU();
+  CountingAllocator counts;
+  cuda::ExternalAllocator ext{&CountingAllocator::alloc, &CountingAllocator::free, &counts};
+  Tensor kept;
+  {
+    cuda::ExternalAllocScope scope(&ext);
+    Tensor a = Tensor::full({1000}, 2.0, DType::F32, Device::CUDA);
+    kept = Tensor::full({10}, 3.0, DType::F32, Device::CUDA);
+    EXPECT_EQ(counts.allocs, 2);
+    EXPECT_EQ(a.cpu().get(999), 2.0);
+  }
+  EXPECT_EQ(counts.frees, 1);  // `a`
+  Tensor b = Tensor::zeros({10}, DType::F32, Device::CUDA);  // the arena's again
+  EXPECT_EQ(counts.allocs, 2);
+  EXPECT_EQ(kept.cpu().get(9), 3.0);
+  cuda_synchronize();
+  kept = Tensor();
+  EXPECT_EQ(counts.frees, 2);
+  EXPECT_TRUE(counts.live.empty());
+  EXPECT_FALSE(cuda::stream_capturing(cuda::stream()));
+}
+#endif
 
 // Of the free blocks of one size the arena hands out the one freed last, so a loop that frees and
 // allocates the same sizes gets the same addresses back every time (CUDA graphs key on them),

@@ -69,6 +69,12 @@ class Tensor {
   // Copies `values` (numel must match the shape) into a new CPU tensor of dtype_of<T>().
   template <class T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values);
+  // A non-owning tensor over memory the caller owns (e.g. a PyTorch tensor's storage, through the
+  // C API): `data` holds shape_numel(shape) contiguous elements of `dtype` on `device` and must
+  // stay valid while this tensor or a copy, view or reshape of it lives; nothing is freed when the
+  // last one goes. data == nullptr is allowed only for an empty shape. Operations work as on any
+  // tensor of that device (CUDA ones are issued on the engine stream).
+  static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device);
 
   bool defined() const { return static_cast<bool>(storage_); }
   const Shape& shape() const { return shape_; }

@@ -23,6 +23,7 @@ void throw_status(const char* file, int line, const char* expr, const std::strin
 namespace {
 
 thread_local cudaStream_t t_stream = nullptr;
+thread_local const ExternalAllocator* t_external = nullptr;
 
 // The engine stream of a host thread: by default the legacy default stream, the one PyTorch
 // issues nn.LSTM on. Measured on the H200 (docs/PERFORMANCE.md, 2026-12-01): the same
@@ -71,6 +72,7 @@ class Arena {
  public:
   void* alloc(size_t bytes, cudaStream_t s) {
     const size_t n = round_size(bytes);
+    if (t_external && t_external->alloc) return alloc_external(*t_external, n, s);
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.allocations;
     // Not while s is being captured: an event query there would invalidate the capture.
@@ -115,7 +117,23 @@ class Arena {
   }
 
   void free(void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
+    ExternalAllocator ext;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto x = external_.find(p);
+      if (x == external_.end()) {
+        free_locked(p);
+        return;
+      }
+      ext = x->second.first;
+      stats_.in_use_bytes -= x->second.second;
+      external_.erase(x);
+    }
+    // Outside the lock: the callback may take locks of its own (Python's GIL).
+    ext.free(ext.ctx, p);
+  }
+
+  void free_locked(void* p) {
     auto it = used_.find(p);
     if (it == used_.end()) return;  // not ours: ignore rather than corrupt the cache
     Block& b = it->second;
@@ -166,18 +184,25 @@ class Arena {
   }
 
  private:
+  void* alloc_external(const ExternalAllocator& ext, size_t n, cudaStream_t s) {
+    void* p = ext.alloc(ext.ctx, n, s);
+    if (!p) {
+      std::ostringstream os;
+      os << "device memory: the caller's allocator could not allocate " << n << " bytes";
+      throw Error(os.str());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.allocations;
+    external_[p] = {ext, n};
+    account_in_use(n);
+    return p;
+  }
+
   void account_in_use(size_t n) {
     stats_.in_use_bytes += n;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   }
-  static bool capturing(cudaStream_t s) {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return true;  // cannot tell: do not risk it
-    }
-    return st != cudaStreamCaptureStatusNone;
-  }
+  static bool capturing(cudaStream_t s) { return stream_capturing(s); }
 
   // Moves pending blocks whose events have completed (all of them, waiting, when `wait`) to the
   // free list of their stream.
@@ -222,6 +247,7 @@ class Arena {
   std::mutex mu_;
   std::unordered_map<cudaStream_t, std::multimap<size_t, void*>> free_;
   std::unordered_map<void*, Block> used_;
+  std::unordered_map<void*, std::pair<ExternalAllocator, size_t>> external_;  // live blocks of ExternalAllocScope
   std::vector<Pending> pending_;
   ArenaStats stats_;
 };
@@ -243,6 +269,20 @@ StreamGuard::StreamGuard(cudaStream_t s) : prev_(stream()) {
   t_stream = s;
 }
 StreamGuard::~StreamGuard() { t_stream = prev_; }
+
+bool stream_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // cannot tell: do not risk it
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+ExternalAllocScope::ExternalAllocScope(const ExternalAllocator* a) : prev_(t_external) {
+  t_external = a && a->alloc ? a : nullptr;
+}
+ExternalAllocScope::~ExternalAllocScope() { t_external = prev_; }
 
 void* arena_alloc(size_t bytes) { return arena().alloc(bytes, stream()); }
 void arena_free(void* p) { arena().free(p); }

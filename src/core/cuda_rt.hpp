@@ -64,6 +64,32 @@ void arena_free(void* p);
 // free time makes free wait for s instead. Pointers that are not arena blocks are ignored.
 void arena_record_stream(void* p, cudaStream_t s);
 
+// Whether work issued on s is being captured into a CUDA graph (by us or by the caller, e.g.
+// torch.cuda.graph around a call through the C API). A failed query counts as capturing.
+bool stream_capturing(cudaStream_t s);
+
+// An allocator outside the engine (the C API's caller: PyTorch's caching allocator, whose graph
+// pools keep memory that a captured graph uses alive and untouched). While an ExternalAllocScope
+// is open on a thread, arena_alloc on that thread takes its blocks from `alloc` (nothing cached
+// by the arena); arena_free gives such a block back through `free`, on whatever thread and
+// whenever it is freed. alloc returns nullptr when it cannot allocate (arena_alloc then throws).
+struct ExternalAllocator {
+  void* (*alloc)(void* ctx, size_t bytes, cudaStream_t s) = nullptr;
+  void (*free)(void* ctx, void* p) = nullptr;
+  void* ctx = nullptr;
+};
+class ExternalAllocScope {
+ public:
+  // a == nullptr (or a->alloc == nullptr): the arena, as without a scope.
+  explicit ExternalAllocScope(const ExternalAllocator* a);
+  ~ExternalAllocScope();
+  ExternalAllocScope(const ExternalAllocScope&) = delete;
+  ExternalAllocScope& operator=(const ExternalAllocScope&) = delete;
+
+ private:
+  const ExternalAllocator* prev_;
+};
+
 // A device buffer from the arena (RAII, move-only), for scratch space that is not a Tensor.
 class DeviceBuffer {
  public:

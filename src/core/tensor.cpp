@@ -199,6 +199,21 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
+Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  LSTM_REQUIRE(data != nullptr || t.numel_ == 0,
+               "Tensor::wrap: a null pointer for a tensor of " << t.numel_ << " elements " << lstm::shape_str(shape));
+  // A no-op deleter: the memory is the caller's. (A null pointer still makes a defined tensor.)
+  static uint8_t empty_storage[64];
+  uint8_t* p = data ? static_cast<uint8_t*>(data) : empty_storage;
+  t.storage_ = std::shared_ptr<uint8_t[]>(p, [](uint8_t*) {});
+  return t;
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
   t.zero_();

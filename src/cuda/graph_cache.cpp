@@ -40,8 +40,10 @@ GraphRunner::~GraphRunner() {
 
 void GraphRunner::eager(GraphCache& gc, FnRef<void()> run) {
   last_ = "eager";
+  // Under the caller's capture (torch.cuda.graph around a call) nothing is timed: event timing
+  // and queries are not allowed there, and what the caller replays is its own graph.
   const bool measure = mode_ == GraphMode::Auto && gc.state_ == GraphCache::kUndecided && gc.eager_calls_ >= 1 &&
-                       gc.marks_.size() < kSamples;
+                       gc.marks_.size() < kSamples && !stream_capturing(stream());
   ++gc.eager_calls_;
   if (!measure) {
     run();
@@ -83,6 +85,9 @@ bool GraphRunner::fastest(const GraphCache& gc, double* gpu_us, double* host_us)
 bool GraphRunner::replay(GraphCache& gc, std::span<const void* const> key, std::initializer_list<Stage> stages,
                          Issue issue, Describe what) {
   if (mode_ == GraphMode::Off || gc.state_ == GraphCache::kEager) return false;
+  // The caller is capturing the engine stream into a graph of its own (torch.cuda.graph): issue
+  // the work eagerly into it, leaving this cache's state as it is (no capture inside a capture).
+  if (stream_capturing(stream())) return false;
   LSTM_CHECK(stages.size() <= kMaxStages, "a graphed call stages " << stages.size() << " inputs, at most "
                                                                    << kMaxStages << " are supported");
   // The stages are taken on a cache's first call, so that the calls after warm-up allocate

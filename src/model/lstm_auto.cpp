@@ -267,6 +267,16 @@ class AutoBackend final : public LstmBackend {
           return picks_[k] = instance(r);
         }
     }
+#if LSTM_HAVE_CUDA
+    // Timing needs events and waits, which a stream under capture refuses (and would break the
+    // caller's capture): the shape must have been run once before, as torch.cuda.graph's
+    // warm-up does.
+    if (device() == Device::CUDA)
+      LSTM_REQUIRE(!cuda::stream_capturing(cuda::stream_of(ctx)),
+                   "LSTM algo 'auto': the first call with this shape (" << fk
+                       << ") came under CUDA graph capture, where nothing can be measured; run the same call once "
+                          "before capturing (a warm-up), or choose a backend by name");
+#endif
     std::ostringstream log;
     log << "auto (" << fk << "):";
     if (device() == Device::CPU) {
