@@ -27,9 +27,10 @@ namespace lstm {
 // Which implementation runs an LSTM. Reference: the CPU (f64/f32) function every other backend
 // is tested against. Naive: the per-gate GPU baseline of Appleyard et al. (2016), for
 // comparison only. Cudnn: cuDNN's RNN API (LstmOptions::cudnn_algo picks cuDNN's algorithm).
-// Fused: our own kernels. Persistent: our persistent kernels (not built yet). Onednn: oneDNN's
-// fused LSTM primitives on the CPU (F32; when built with oneDNN). Auto: the fastest backend that
-// supports the case, by measurement (see make_lstm_backend).
+// Fused: our own kernels. Persistent: our persistent kernels (one launch per layer or stack for all
+// steps, W_hh held on-chip; docs/KERNELS.md). Onednn: oneDNN's fused LSTM primitives on the CPU
+// (F32; when built with oneDNN). Auto: the fastest backend that supports the case, by measurement
+// (see make_lstm_backend).
 enum class Algo { Reference, Naive, Cudnn, Fused, Persistent, Onednn, Auto };
 // "reference", "naive", "cudnn", "fused", "persistent", "onednn", "auto"
 const char* algo_name(Algo a);

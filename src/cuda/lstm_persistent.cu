@@ -397,29 +397,6 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
 #pragma unroll
         for (int gate = 0; gate < 4; ++gate) gx[q][e][gate] = gx_next[q][e][gate];
     load_gx(s + 1);
-    if (d.flags) {
-      // Flags: one warp waits until every CTA of this group has flagged step s - 1 (and of the
-      // group below, step s), then the values are read from the plain slots.
-      if (tid < 32 && !(a.skip & 2)) {
-        for (;;) {
-          bool done = true;
-          if (s > 0)
-            for (int f = tid; f < ctas; f += 32)
-              done &= *reinterpret_cast<volatile const unsigned*>(d.flags + f) >= static_cast<unsigned>(s);
-          if (d.w_ih)
-            for (int f = tid; f < ctas; f += 32)
-              done &= *reinterpret_cast<volatile const unsigned*>(d.in_flags + f) >= static_cast<unsigned>(s + 1);
-          if (__all_sync(0xffffffffu, done)) break;
-        }
-        __threadfence();
-      }
-      __syncthreads();
-      if (d.w_ih)
-        copy_h_to_shared(Hs, reinterpret_cast<const E*>(d.in_xchg) + static_cast<size_t>(s) * B * In, B, In, KS);
-      copy_h_to_shared(Hs + Kx,
-                       s == 0 ? d.h + h_first : reinterpret_cast<const E*>(d.xchg) + static_cast<size_t>(s - 1) * B * Hout,
-                       B, Hout, KS);
-    } else {
     // The input of step s from the group below (tag s + 1), and h_{t-1}: h0 at the first step,
     // then the exchange words of step s - 1 (tag s).
     Segment sx, sh;
@@ -438,7 +415,6 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
       sh.tag = static_cast<unsigned>(s);
     }
     exchange_to_shared(Hs, KS, B, sx, sh, a.skip & 2);
-    }
     __syncthreads();
     if (!(a.skip & 1)) recurrent_product<E, MT, NT>(Ws, Hs, KS, Kx + Kh, red, a.fp32_split);
     __syncthreads();
@@ -483,17 +459,10 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
       // starting from h0); a forward group its output, zero past each length, which is what the
       // group above reads, while its own inactive rows never become active again.
       const bool held = d.reverse || active;
-      if (d.flags) {
-        E* hx = reinterpret_cast<E*>(d.xchg) + (static_cast<size_t>(s) * B + b) * Hout + j0 + iu[q];
-#pragma unroll
-        for (int e = 0; e < kPair; ++e)
-          if (iu[q] + e < nU) hx[e] = held ? hcur[q][e] : from_f<E>(0.f);
-      } else {
-        const unsigned data =
-            pack_pair<E>(held ? hcur[q][0] : from_f<E>(0.f), held ? hcur[q][kPair - 1] : from_f<E>(0.f));
-        st_word(xout + static_cast<size_t>(b) * words + (j0 + iu[q]) / kPair,
-                (static_cast<unsigned long long>(s + 1) << 32) | data);
-      }
+      const unsigned data =
+          pack_pair<E>(held ? hcur[q][0] : from_f<E>(0.f), held ? hcur[q][kPair - 1] : from_f<E>(0.f));
+      st_word(xout + static_cast<size_t>(b) * words + (j0 + iu[q]) / kPair,
+              (static_cast<unsigned long long>(s + 1) << 32) | data);
       if (a.seq) {
         E* h_out = d.h + static_cast<size_t>(d.reverse ? t : t + 1) * B * Hout + static_cast<size_t>(b) * Hout;
         float* c_out = d.c + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
@@ -504,13 +473,6 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
           h_out[j] = hcur[q][e];
           c_out[j] = cst[q][e];
         }
-      }
-    }
-    if (d.flags) {
-      __syncthreads();
-      if (tid == 0) {
-        __threadfence();
-        *reinterpret_cast<volatile unsigned*>(d.flags + k) = static_cast<unsigned>(s + 1);
       }
     }
   }
@@ -617,21 +579,6 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
     return "";
   }
   return "hidden size " + std::to_string(H) + " is too large for one CTA per SM: " + last;
-}
-
-const char* persistent_exchange_name(PersistentExchange x) { return x == PersistentExchange::Words ? "words" : "flags"; }
-
-PersistentExchange persistent_exchange_for(int64_t B) {
-  static const int forced = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_EXCHANGE");
-    if (!v) return -1;
-    const std::string name(v);
-    LSTM_REQUIRE(name == "words" || name == "flags",
-                 "LSTM_PERSISTENT_EXCHANGE: expected words or flags, got '" << name << "'");
-    return name == "words" ? 0 : 1;
-  }();
-  if (forced >= 0) return forced == 0 ? PersistentExchange::Words : PersistentExchange::Flags;
-  return B <= 2 ? PersistentExchange::Words : PersistentExchange::Flags;
 }
 
 template <class E>

@@ -24,18 +24,10 @@ struct PersistentShape {
   size_t smem = 0;
 };
 
-// The most groups (layer directions) one launch runs, and CTAs per group (the flag exchange's
-// flags per group).
+// The most groups (layer directions) one launch runs, and CTAs per group.
 constexpr int kPersistentMaxGroups = 8;
 constexpr int kPersistentMaxCtas = 256;
 
-// How the CTAs hand h_t to each other (docs/KERNELS.md, "The exchange"): tagged 64-bit words
-// polled directly, or plain values behind a flag per CTA set after a fence.
-enum class PersistentExchange { Words, Flags };
-const char* persistent_exchange_name(PersistentExchange x);  // "words", "flags"
-// The exchange for batch B: $LSTM_PERSISTENT_EXCHANGE ("words" or "flags") when set (for
-// measurement), else the measured rule (lstm_persistent.cu).
-PersistentExchange persistent_exchange_for(int64_t B);
 
 // Plans a launch of `groups` groups of hidden size H and recurrent input Hout for batch B on CUDA
 // device `device`, from the device's properties (SM count, shared memory per block): the smallest
@@ -76,11 +68,6 @@ struct PersistentGroup {
   E* h_n = nullptr;          // [B, Hout]
   E* c_n = nullptr;          // [B, H]
   unsigned long long* xchg = nullptr;  // [T, B, words], zero before the launch
-  // The flag exchange instead (flags set): xchg holds plain E values [T, B, Hout] and CTA k stores
-  // flags[k] = s + 1 (after a fence) once its values of step s are written; in_flags are the
-  // group below's. Both zero before the launch, at most kPersistentMaxCtas each.
-  unsigned* flags = nullptr;
-  const unsigned* in_flags = nullptr;
   int reverse = 0;
 };
 
