@@ -29,7 +29,6 @@ Exits 0 with a header line holding "error" when torch or the GPU is missing.
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
@@ -38,26 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_SUITES = os.path.join(REPO, "bench", "suites.json")
 sys.path.insert(0, os.path.join(REPO, "python"))
-
-
-def split_append(values):
-    out = []
-    for v in values or []:
-        out += [s for s in v.split(",") if s]
-    return out
-
-
-def case_id(c):
-    return f"L{c['L']}-H{c['H']}-I{c['I']}-B{c['B']}-T{c['T']}" + ("-bi" if c["bidirectional"] else "")
-
-
-def case_gflop(c, train):
-    d = 2 if c["bidirectional"] else 1
-    f = 0.0
-    for layer in range(c["L"]):
-        i = c["I"] if layer == 0 else d * c["H"]
-        f += 2.0 * 4.0 * c["H"] * (i + c["H"]) * c["B"] * c["T"] * d
-    return f * (3.0 if train else 1.0) * 1e-9
+sys.path.insert(0, HERE)
+# The suites' case names, work counts and statistics are bench_gpu_torch's (one definition).
+from bench_gpu_torch import case_gflop, case_id, percentile, split_append  # noqa: E402
 
 
 def load_cases(args):
@@ -89,13 +71,7 @@ def load_cases(args):
 
 def stats(ms):
     v = sorted(ms)
-
-    def pct(q):
-        pos = q * (len(v) - 1)
-        lo, hi = int(math.floor(pos)), int(math.ceil(pos))
-        return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-    return {"ms_median": pct(0.5), "ms_min": v[0], "ms_p90": pct(0.9), "repeats": len(v)}
+    return {"ms_median": percentile(v, 0.5), "ms_min": v[0], "ms_p90": percentile(v, 0.9), "repeats": len(v)}
 
 
 def main():
