@@ -528,13 +528,7 @@ void launch_nt(const PersistentArgs<E>& a, int groups, const PersistentShape& p,
 
 }  // namespace
 
-std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
-                            int device, PersistentShape* out) {
-  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
-    return std::string("the persistent kernels compute in F32, BF16 or F16, not ") + dtype_name(dtype);
-  if (B > 32) return "the persistent kernels run batches of up to 32 rows; got " + std::to_string(B);
-  if (groups > kPersistentMaxGroups)
-    return "one persistent launch runs at most " + std::to_string(kPersistentMaxGroups) + " layer directions";
+std::string persistent_device(int device, PersistentDevice* out) {
   int sms = 0, smem_optin = 0, coop = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
@@ -542,7 +536,20 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
     (void)cudaGetLastError();
     return "no usable CUDA device to plan the persistent kernels on (their limits come from its properties)";
   }
-  if (!coop) return "the device has no cooperative launch (the persistent kernels need all CTAs resident)";
+  out->sms = sms;
+  out->smem_per_block = static_cast<size_t>(smem_optin);
+  out->cooperative = coop != 0;
+  return "";
+}
+
+std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size, int64_t groups,
+                            int64_t B, DType dtype, PersistentShape* out, int pinned_units) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    return std::string("the persistent kernels compute in F32, BF16 or F16, not ") + dtype_name(dtype);
+  if (B > 32) return "the persistent kernels run batches of up to 32 rows; got " + std::to_string(B);
+  if (groups > kPersistentMaxGroups)
+    return "one persistent launch runs at most " + std::to_string(kPersistentMaxGroups) + " layer directions";
+  if (!dev.cooperative) return "the device has no cooperative launch (the persistent kernels need all CTAs resident)";
   const bool f32 = dtype == DType::F32;
   const size_t esize = f32 ? 4 : 2;
   const int64_t kk = f32 ? 8 : 16;
@@ -550,28 +557,23 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
   const int64_t k_total = (in_size + kk - 1) / kk * kk + (Hout + kk - 1) / kk * kk;
   const int nt = B <= 8 ? 1 : B <= 16 ? 2 : 4;
   std::string last;
-  // $LSTM_PERSISTENT_UNITS (4, 8, 16 or 32) pins the slice per CTA, for measurement.
-  static const int pinned = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_UNITS");
-    return v ? std::atoi(v) : 0;
-  }();
   for (int units : {4, 8, 16, 32}) {
-    if (pinned && units != pinned) continue;
+    if (pinned_units && units != pinned_units) continue;
     if (units == 32 && nt > 1) continue;  // 32 units: batches up to 8 (the accumulators' registers)
     const int64_t ctas = (H + units - 1) / units;
-    if (ctas * groups > sms || ctas > kPersistentMaxCtas) {
+    if (ctas * groups > dev.sms || ctas > kPersistentMaxCtas) {
       last = std::to_string(groups) + " x " + std::to_string(ctas) + " CTAs of " + std::to_string(units) +
-             " units exceed the device's " + std::to_string(sms) + " SMs";
+             " units exceed the device's " + std::to_string(dev.sms) + " SMs";
       continue;
     }
     const size_t smem = smem_bytes(units, nt, k_total, esize, pad);
-    if (smem > static_cast<size_t>(smem_optin))
+    if (smem > dev.smem_per_block)
       return "the weights of hidden size " + std::to_string(H) + " (recurrent input " + std::to_string(Hout) +
              (in_size ? ", layer input " + std::to_string(in_size) : std::string()) + ", " + dtype_name(dtype) + ", " +
              std::to_string(groups) + " layer direction(s) at once, batch " + std::to_string(B) + ") need " +
              std::to_string(smem / 1024) + " KiB of shared memory per SM at " + std::to_string(units) +
-             " units per CTA; the device has " + std::to_string(smem_optin / 1024) + " KiB per block and " +
-             std::to_string(sms) + " SMs";
+             " units per CTA; the device has " + std::to_string(dev.smem_per_block / 1024) + " KiB per block and " +
+             std::to_string(dev.sms) + " SMs";
     out->units = units;
     out->ctas = static_cast<int>(ctas);
     out->n_tiles = nt;
@@ -579,6 +581,19 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
     return "";
   }
   return "hidden size " + std::to_string(H) + " is too large for one CTA per SM: " + last;
+}
+
+std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
+                            int device, PersistentShape* out) {
+  PersistentDevice dev;
+  const std::string why = persistent_device(device, &dev);
+  if (!why.empty()) return why;
+  // $LSTM_PERSISTENT_UNITS (4, 8, 16 or 32) pins the slice per CTA, for measurement.
+  static const int pinned = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_UNITS");
+    return v ? std::atoi(v) : 0;
+  }();
+  return plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, pinned);
 }
 
 template <class E>

@@ -29,10 +29,22 @@ constexpr int kPersistentMaxGroups = 8;
 constexpr int kPersistentMaxCtas = 256;
 
 
-// Plans a launch of `groups` groups of hidden size H and recurrent input Hout for batch B on CUDA
-// device `device`, from the device's properties (SM count, shared memory per block): the smallest
-// slice per CTA whose grid fits one CTA per SM. `in_size` > 0 when some group projects its input
-// (of that width) itself (the wavefront). "" and *out filled, or why it cannot run (named limits).
+// The device properties the planner needs.
+struct PersistentDevice {
+  int sms = 0;                // cudaDevAttrMultiProcessorCount
+  size_t smem_per_block = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes
+  bool cooperative = false;   // cudaDevAttrCooperativeLaunch
+};
+// Reads them for CUDA device `device`: "" or why not.
+std::string persistent_device(int device, PersistentDevice* out);
+
+// Plans a launch of `groups` groups of hidden size H and recurrent input Hout for batch B on `dev`
+// (a pure function): the smallest slice per CTA whose grid fits one CTA per SM (or exactly
+// `pinned_units` when not 0). `in_size` > 0 when some group projects its input (of that width)
+// itself (the wavefront). "" and *out filled, or why it cannot run (named limits).
+std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size, int64_t groups,
+                            int64_t B, DType dtype, PersistentShape* out, int pinned_units = 0);
+// The same on CUDA device `device` (its properties; $LSTM_PERSISTENT_UNITS pins the slice).
 std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
                             int device, PersistentShape* out);
 

@@ -1,0 +1,100 @@
+// The persistent kernels' planner (a pure function of the device's properties; runs without a
+// GPU): the limits docs/KERNELS.md states for the H200, the slice it picks, and its refusals.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "lstm/tensor.hpp"
+#if LSTM_HAVE_CUDA
+#include "cuda/lstm_persistent.cuh"
+#endif
+
+using namespace lstm;
+
+#if LSTM_HAVE_CUDA
+using lstm::cuda::PersistentDevice;
+using lstm::cuda::PersistentShape;
+using lstm::cuda::plan_persistent;
+
+namespace {
+
+// The lent H200: 132 SMs, 227 KiB of shared memory per block (opt-in), cooperative launch.
+PersistentDevice h200() { return PersistentDevice{132, 232448, true}; }
+
+bool fits(int64_t H, int64_t groups, int64_t B, DType dt, int64_t in_size = 0) {
+  PersistentShape s;
+  return plan_persistent(h200(), H, H, in_size, groups, B, dt, &s).empty();
+}
+
+// The largest multiple of 8 the planner accepts (in_size: the wavefront's layer input, = H).
+int64_t largest(int64_t groups, int64_t B, DType dt, bool wavefront = false) {
+  int64_t best = 0;
+  for (int64_t H = 8; H <= 4096; H += 8)
+    if (fits(H, groups, B, dt, wavefront ? H : 0)) best = H;
+  return best;
+}
+
+}  // namespace
+
+TEST(PersistentPlan, LimitsOnTheH200AreTheDocumentedOnes) {
+  // docs/KERNELS.md, "Limits": one direction, a bidirectional layer, the wavefront.
+  EXPECT_EQ(largest(1, 8, DType::BF16), 1488);
+  EXPECT_EQ(largest(1, 16, DType::BF16), 1232);
+  EXPECT_EQ(largest(1, 32, DType::F16), 1056);
+  EXPECT_EQ(largest(2, 8, DType::BF16), 1056);
+  EXPECT_EQ(largest(2, 32, DType::BF16), 848);
+  EXPECT_EQ(largest(1, 8, DType::F32), 1056);
+  EXPECT_EQ(largest(1, 32, DType::F32), 776);
+  EXPECT_EQ(largest(2, 8, DType::F32), 744);
+  EXPECT_EQ(largest(2, 32, DType::F32), 528);
+  EXPECT_EQ(largest(2, 8, DType::BF16, true), 736);
+  EXPECT_EQ(largest(4, 8, DType::BF16, true), 528);
+  EXPECT_EQ(largest(3, 8, DType::F32, true), 368);
+}
+
+TEST(PersistentPlan, TakesTheSmallestSliceThatFitsTheSms) {
+  PersistentShape s;
+  ASSERT_EQ(plan_persistent(h200(), 512, 512, 0, 1, 8, DType::BF16, &s), "");
+  EXPECT_EQ(s.units, 4);
+  EXPECT_EQ(s.ctas, 128);
+  EXPECT_EQ(s.n_tiles, 1);
+  ASSERT_EQ(plan_persistent(h200(), 1024, 1024, 0, 1, 1, DType::BF16, &s), "");
+  EXPECT_EQ(s.units, 8);  // 4 units would need 256 CTAs
+  EXPECT_EQ(s.ctas, 128);
+  // The 4-layer H512 wavefront: 16 units, 32 CTAs per layer.
+  ASSERT_EQ(plan_persistent(h200(), 512, 512, 512, 4, 8, DType::BF16, &s), "");
+  EXPECT_EQ(s.units, 16);
+  EXPECT_EQ(s.ctas, 32);
+  // Batch 17-32: four mma tiles of 8 rows.
+  ASSERT_EQ(plan_persistent(h200(), 256, 256, 0, 1, 32, DType::F32, &s), "");
+  EXPECT_EQ(s.n_tiles, 4);
+  // A pinned slice is taken as given, or refused.
+  ASSERT_EQ(plan_persistent(h200(), 256, 256, 0, 1, 8, DType::BF16, &s, 16), "");
+  EXPECT_EQ(s.units, 16);
+  EXPECT_NE(plan_persistent(h200(), 256, 256, 0, 1, 16, DType::BF16, &s, 32), "");  // 32 units: batch <= 8
+}
+
+TEST(PersistentPlan, RefusalsNameTheLimit) {
+  PersistentShape s;
+  const std::string big = plan_persistent(h200(), 2048, 2048, 0, 1, 1, DType::BF16, &s);
+  EXPECT_NE(big.find("need 305 KiB of shared memory per SM"), std::string::npos) << big;
+  EXPECT_NE(big.find("227 KiB per block and 132 SMs"), std::string::npos) << big;
+  const std::string batch = plan_persistent(h200(), 256, 256, 0, 1, 33, DType::BF16, &s);
+  EXPECT_NE(batch.find("up to 32 rows; got 33"), std::string::npos) << batch;
+  const std::string f64 = plan_persistent(h200(), 256, 256, 0, 1, 1, DType::F64, &s);
+  EXPECT_NE(f64.find("not F64"), std::string::npos) << f64;
+  const std::string wide = plan_persistent(h200(), 8192, 8192, 0, 1, 1, DType::BF16, &s);
+  EXPECT_NE(wide.find("too large for one CTA per SM"), std::string::npos) << wide;
+  PersistentDevice no_coop = h200();
+  no_coop.cooperative = false;
+  EXPECT_NE(plan_persistent(no_coop, 256, 256, 0, 1, 1, DType::BF16, &s).find("cooperative launch"),
+            std::string::npos);
+  // A smaller GPU gets smaller limits from its own properties.
+  PersistentDevice small{46, 101376, true};
+  EXPECT_TRUE(plan_persistent(small, 256, 256, 0, 1, 8, DType::BF16, &s).empty());
+  EXPECT_EQ(s.units, 8);
+  EXPECT_FALSE(plan_persistent(small, 1024, 1024, 0, 1, 8, DType::BF16, &s).empty());
+}
+#else
+TEST(PersistentPlan, NeedsACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
+#endif
