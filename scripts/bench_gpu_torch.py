@@ -62,6 +62,24 @@ def case_id(c):
     return (f"L{c['L']}-H{c['H']}-I{c['I']}-B{c['B']}-T{c['T']}" + ("-bi" if c["bidirectional"] else ""))
 
 
+def suite_case(c):
+    """A case of bench/suites.json as the benches use it (input size = hidden unless given)."""
+    h = int(c["hidden"])
+    return {"L": int(c.get("layers", 1)), "H": h, "I": int(c.get("input", h)), "B": int(c["batch"]),
+            "T": int(c["steps"]), "bidirectional": bool(c.get("bidirectional", False)), "suites": []}
+
+
+def add_case(cases, by_id, cs, suite):
+    """Appends case cs of `suite` to cases unless an equal one is there (by_id: id -> index), whose
+    suites then gain `suite`."""
+    key = case_id(cs)
+    if key not in by_id:
+        by_id[key] = len(cases)
+        cases.append(cs)
+    if suite not in cases[by_id[key]]["suites"]:
+        cases[by_id[key]]["suites"].append(suite)
+
+
 def case_gflop(c, train):
     """2*4H*(I_l+H)*B*T per layer l and direction forward, x3 for train (as bench_gpu_lstm)."""
     d = 2 if c["bidirectional"] else 1
@@ -98,17 +116,9 @@ def make_plan(args):
         for n, c in enumerate(doc["suites"][s]["cases"]):
             if per_suite and n >= per_suite:
                 break
-            h = int(c["hidden"])
-            cs = {"L": int(c.get("layers", 1)), "H": h, "I": int(c.get("input", h)), "B": int(c["batch"]),
-                  "T": int(c["steps"]), "bidirectional": bool(c.get("bidirectional", False)), "suites": []}
-            key = case_id(cs)
-            if only and key not in only:
-                continue
-            if key not in by_id:
-                by_id[key] = len(cases)
-                cases.append(cs)
-            if s not in cases[by_id[key]]["suites"]:
-                cases[by_id[key]]["suites"].append(s)
+            cs = suite_case(c)
+            if not only or case_id(cs) in only:
+                add_case(cases, by_id, cs, s)
     for key in only:
         if key not in by_id:
             sys.exit(f"bench_gpu_torch: --case: no case of the chosen suites has the id {key!r} (see --list)")

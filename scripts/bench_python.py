@@ -39,7 +39,7 @@ DEFAULT_SUITES = os.path.join(REPO, "bench", "suites.json")
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 # The suites' case names, work counts and statistics are bench_gpu_torch's (one definition).
-from bench_gpu_torch import case_gflop, case_id, percentile, split_append  # noqa: E402
+from bench_gpu_torch import add_case, case_gflop, case_id, percentile, split_append, suite_case  # noqa: E402
 
 
 def load_cases(args):
@@ -54,18 +54,11 @@ def load_cases(args):
         for n, c in enumerate(doc["suites"][s]["cases"]):
             if args.quick and n >= 1:
                 break
-            h = int(c["hidden"])
-            cs = {"L": int(c.get("layers", 1)), "H": h, "I": int(c.get("input", h)), "B": int(c["batch"]),
-                  "T": int(c["steps"]), "bidirectional": bool(c.get("bidirectional", False)), "suites": []}
+            cs = suite_case(c)
             if args.quick and args.device == "cpu":  # a smoke test: small shapes
                 cs.update(H=min(cs["H"], 64), I=min(cs["I"], 64), T=min(cs["T"], 20), B=min(cs["B"], 8))
-            key = case_id(cs)
-            if only and key not in only:
-                continue
-            if key not in by_id:
-                by_id[key] = len(cases)
-                cases.append(cs)
-            cases[by_id[key]]["suites"].append(s)
+            if not only or case_id(cs) in only:
+                add_case(cases, by_id, cs, s)
     return cases
 
 
