@@ -21,10 +21,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <array>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -398,9 +398,6 @@ class FusedLstm final : public LstmBackend {
   void weight_grads(const Lane& ln, const FusedSaved<E>& sv, const BackwardLanePtrs<E>& bp, int64_t l, int64_t d,
                     std::vector<Tensor>& dw) const;
 
-  // The persistent forward: per layer the input projections, then one launch for its directions.
-  void persistent_layers(const ForwardPtrs<E>& p, const std::vector<Tensor>& weights, int64_t Tn, int64_t B,
-                         const E* h0, const E* c0, E* h_n, E* c_n, bool save, bool dropout, uint64_t seed) const;
   // How the persistent kernels run a batch of B (with dropout between layers or not): one launch
   // for the whole stack (the wavefront: layers > 0 project their input themselves; unidirectional,
   // no dropout, when the weights of all layers fit the SMs) or one launch per layer.
@@ -409,6 +406,10 @@ class FusedLstm final : public LstmBackend {
     PersistentShape shape;
   };
   const PersistentPlan& persistent_plan(int64_t B, bool dropout);
+  // The persistent forward under `plan`: the input projections, then the launches.
+  void persistent_layers(const PersistentPlan& plan, const ForwardPtrs<E>& p, const std::vector<Tensor>& weights,
+                         int64_t Tn, int64_t B, const E* h0, const E* c0, E* h_n, E* c_n, bool save, bool dropout,
+                         uint64_t seed) const;
 
   const bool persistent_;
   const int64_t L_, D_, H_, P_, Hout_, I_, G_;
@@ -679,7 +680,8 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   }
   const DropoutParams drop = dropout_params(spec().dropout);
 
-  if (persistent_) (void)persistent_plan(B, dropout);  // throws naming the limit before anything is issued
+  // Throws naming the limit before anything is issued. A map entry: the pointer stays valid.
+  const PersistentPlan* plan = persistent_ ? &persistent_plan(B, dropout) : nullptr;
   const std::array<int64_t, 3> key{Tn, B, (save ? 1 : 0) | (dropout ? 2 : 0)};
   auto it = sizes_.find(key);
   if (it == sizes_.end()) {
@@ -720,7 +722,7 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   auto h0_of = [&](int64_t idx) { return h0 ? h0 + idx * B * Hout_ : nullptr; };
   auto c0_of = [&](int64_t idx) { return c0 ? c0 + idx * B * H_ : nullptr; };
   if (persistent_) {
-    persistent_layers(p, weights, Tn, B, h0, c0, h_n, c_n, save, dropout, seed);
+    persistent_layers(*plan, p, weights, Tn, B, h0, c0, h_n, c_n, save, dropout, seed);
   } else {
     LaneFork fork(s0, fork_->get(), lanes_, n_lanes_);
     if (D_ == 2) {
@@ -826,11 +828,10 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
     sv->p = p;
     *saved = std::move(sv);
   }
-  if (persistent_) {
-    last_run_ = persistent_plans_.at(std::make_pair(B, dropout)).wavefront ? "persistent:wavefront" : "persistent";
-  } else {
+  if (plan)
+    last_run_ = plan->wavefront ? "persistent:wavefront" : "persistent";
+  else
     last_run_ = D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
-  }
   return out;
 }
 
@@ -855,10 +856,9 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
 // dropout of the layer below's output (training), init, the input projection of all steps (one
 // GEMM per direction), then one launch for the layer's directions. The launches write h_n, c_n.
 template <class E>
-void FusedLstm<E>::persistent_layers(const ForwardPtrs<E>& p, const std::vector<Tensor>& weights, int64_t Tn,
-                                     int64_t B, const E* h0, const E* c0, E* h_n, E* c_n, bool save, bool dropout,
-                                     uint64_t seed) const {
-  const PersistentPlan& plan = persistent_plans_.at(std::make_pair(B, dropout));
+void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPtrs<E>& p,
+                                     const std::vector<Tensor>& weights, int64_t Tn, int64_t B, const E* h0,
+                                     const E* c0, E* h_n, E* c_n, bool save, bool dropout, uint64_t seed) const {
   const cudaStream_t s0 = cuda::stream();
   LaneFork fork(s0, fork_->get(), lanes_, 1);
   const Lane& ln = *lanes_[0];

@@ -15,7 +15,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -34,6 +33,9 @@ using fused::to_f;
 
 constexpr int kWarps = 8;
 constexpr int kBlock = kWarps * 32;
+// Values of E per exchange word (its low 32 bits): two 16-bit values, or one F32
+// (persistent_exchange_words counts the words the same way).
+template <class E> constexpr int kValuesPerWord = sizeof(E) == 2 ? 2 : 1;
 
 // The mma's K per instruction and the row padding of the shared-memory tiles (16 bytes, which
 // keeps ldmatrix and the F32 fragment loads free of bank conflicts).
@@ -247,7 +249,6 @@ template <class E>
 __device__ __forceinline__ void exchange_to_shared(E* Hs, int KS, int B, const Segment& s0, const Segment& s1,
                                                    int skip_wait) {
   constexpr int kBatch = 8;
-  constexpr int kPair = sizeof(E) == 2 ? 2 : 1;
   const int n0 = s0.src ? B * s0.words : 0;
   const int n = n0 + (s1.src ? B * s1.words : 0);
   for (int base = threadIdx.x; base < n; base += kBlock * kBatch) {
@@ -280,7 +281,7 @@ __device__ __forceinline__ void exchange_to_shared(E* Hs, int KS, int B, const S
       const Segment& sg = i < n0 ? s0 : s1;
       const int ii = i < n0 ? i : i - n0;
       const int b = ii / sg.words, w = ii - b * sg.words;
-      *reinterpret_cast<unsigned*>(Hs + b * KS + sg.col + w * kPair) = static_cast<unsigned>(v[r]);
+      *reinterpret_cast<unsigned*>(Hs + b * KS + sg.col + w * kValuesPerWord<E>) = static_cast<unsigned>(v[r]);
     }
   }
 }
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
   constexpr int KK = Mma<E>::kK;
   constexpr int ROWS = 16 * MT, U = ROWS / 4, NP = 8 * NT;
   // A cell item is kPair adjacent units of one batch row: their h values share an exchange word.
-  constexpr int kPair = sizeof(E) == 2 ? 2 : 1;
+  constexpr int kPair = kValuesPerWord<E>;
   constexpr int IPT = ((U / kPair) * NP + kBlock - 1) / kBlock;  // cell items per thread
   const int grp = blockIdx.x / ctas;
   const int k = blockIdx.x - grp * ctas;
