@@ -253,6 +253,7 @@ struct ForwardPtrs {
   std::vector<E*> in;      // per layer: its input ([0] = x0; dropout: a masked copy of y[l-1]; else y[l-1])
   std::vector<DirPtrs<E>> dirs;  // [L*D]
   unsigned long long* xchg = nullptr;  // persistent: max(D, L) x persistent_exchange_words, the h exchange
+  unsigned* flags = nullptr;           // persistent: [kPersistentMaxGroups, kPersistentMaxCtas] (flag exchange)
 };
 
 template <class E>
@@ -328,8 +329,8 @@ class FusedLstm final : public LstmBackend {
 
   Algo algo() const override { return persistent_ ? Algo::Persistent : Algo::Fused; }
   std::string name() const override { return persistent_ ? "persistent" : "fused"; }
-  // "fused", "fused:wavefront", "persistent" or "persistent:wavefront" (backward: "persistent,
-  // fused backward"), then how the call ran: "replayed" (a CUDA graph) or "eager".
+  // "fused", "fused:wavefront", "persistent[:wavefront], words|flags" (the exchange; backward:
+  // "persistent, fused backward"), then how the call ran: "replayed" (a CUDA graph) or "eager".
   std::string last_run() const override {
     if (!*last_run_) return "";
     return std::string(last_run_) + (*graphs_.last() ? std::string(", ") + graphs_.last() : std::string());
@@ -504,7 +505,10 @@ ForwardPtrs<E> FusedLstm<E>::carve_forward(Carver& sc, Carver& wc, int64_t Tn, i
   ForwardPtrs<E> p;
   Carver& keep = save ? sc : wc;
   p.len = keep.take<int32_t>(B);
-  if (persistent_) p.xchg = wc.take<unsigned long long>(std::max(D_, L_) * persistent_exchange_words(Tn, B, Hout_, dtype()));
+  if (persistent_) {
+    p.xchg = wc.take<unsigned long long>(std::max(D_, L_) * persistent_exchange_words(Tn, B, Hout_, dtype()));
+    p.flags = wc.take<unsigned>(kPersistentMaxGroups * kPersistentMaxCtas);
+  }
   p.x0 = keep.take<E>(Tn * B * I_);
   // Per-lane state (inference) and projection scratch.
   std::vector<DirPtrs<E>> lane(n_lanes_);
@@ -828,10 +832,13 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
     sv->p = p;
     *saved = std::move(sv);
   }
-  if (plan)
-    last_run_ = plan->wavefront ? "persistent:wavefront" : "persistent";
-  else
+  if (plan) {
+    const bool words = persistent_exchange_for(B) == PersistentExchange::Words;
+    last_run_ = plan->wavefront ? (words ? "persistent:wavefront, words" : "persistent:wavefront, flags")
+                                : (words ? "persistent, words" : "persistent, flags");
+  } else {
     last_run_ = D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
+  }
   return out;
 }
 
@@ -878,6 +885,8 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
   a.seq = save ? 1 : 0;
   a.fp32_split = std::is_same_v<E, float> && !allow_tf32_ ? 1 : 0;
   a.skip = skip;
+  const bool flags = persistent_exchange_for(B) == PersistentExchange::Flags;
+  const size_t flag_bytes = kPersistentMaxGroups * kPersistentMaxCtas * sizeof(unsigned);
   // Group g of a launch: layer l, direction d.
   auto fill = [&](int g, int64_t l, int64_t d, const WeightPtrs<E>& w) {
     const DirPtrs<E>& dp = p.dirs[static_cast<size_t>(l * D_ + d)];
@@ -895,6 +904,7 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
     ga.h_n = h_n + idx * B * Hout_;
     ga.c_n = c_n + idx * B * H_;
     ga.xchg = p.xchg + g * xwords;
+    if (flags) ga.flags = p.flags + g * kPersistentMaxCtas;
     ga.reverse = static_cast<int>(d);
   };
   if (plan.wavefront) {
@@ -907,9 +917,11 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
         a.group[l].w_ih = w.ih;
         a.group[l].in_size = static_cast<int>(Hout_);
         a.group[l].in_xchg = a.group[l - 1].xchg;
+        a.group[l].in_flags = a.group[l - 1].flags;
       }
     }
     LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, L_ * xwords * sizeof(unsigned long long), ln.stream));
+    if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
     launch_persistent<E>(a, static_cast<int>(L_), plan.shape, ln.stream);
   } else {
     for (int64_t l = 0; l < L_; ++l) {
@@ -921,6 +933,7 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
         input_projection(ln, w, p.in[l], In, a.group[d].gates, 0, Tn, B);
       }
       LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, D_ * xwords * sizeof(unsigned long long), ln.stream));
+      if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
       launch_persistent<E>(a, static_cast<int>(D_), plan.shape, ln.stream);
     }
   }

@@ -234,6 +234,17 @@ __device__ __forceinline__ void st_word(unsigned long long* p, unsigned long lon
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
 }
 
+// The flag exchange's flags: a relaxed load (the reader's __syncthreads and the values' L2 reads
+// follow), and the writer's store after its fence.
+__device__ __forceinline__ unsigned ld_flag(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_flag(unsigned* p, unsigned v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 // One source of exchange words for exchange_to_shared: [B, words] words that must carry `tag`,
 // stored into Hs from column `col` on.
 struct Segment {
@@ -247,7 +258,8 @@ struct Segment {
 // read again together, so that a batch costs one round trip per poll.
 template <class E>
 __device__ __forceinline__ void exchange_to_shared(E* Hs, int KS, int B, const Segment& s0, const Segment& s1,
-                                                   int skip_wait) {
+                                                   int skip) {
+  const bool skip_wait = skip & kSkipWait;
   constexpr int kBatch = 8;
   const int n0 = s0.src ? B * s0.words : 0;
   const int n = n0 + (s1.src ? B * s1.words : 0);
@@ -266,7 +278,7 @@ __device__ __forceinline__ void exchange_to_shared(E* Hs, int KS, int B, const S
         ready &= i >= n || static_cast<unsigned>(v[r] >> 32) == (i < n0 ? s0.tag : s1.tag);
       }
       if (ready) break;
-      __nanosleep(32);  // fewer polls in flight leave L2 to the stores being waited for
+      if (!(skip & kSkipSleep)) __nanosleep(32);  // fewer polls in flight leave L2 to the stores being waited for
 #pragma unroll
       for (int r = 0; r < kBatch; ++r) {
         const int i = base + r * kBlock;
@@ -379,7 +391,7 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
       for (int e = 0; e < kPair; ++e) {
 #pragma unroll
         for (int gate = 0; gate < 4; ++gate) gx_next[q][e][gate] = 0.f;
-        if (d.w_ih || s_load >= T || !iv[q] || iu[q] + e >= nU) continue;
+        if (d.w_ih || s_load >= T || !iv[q] || iu[q] + e >= nU || (a.skip & kSkipGates)) continue;
         const float* gp = d.gates + (static_cast<size_t>(t_load) * B + ib[q]) * 4 * H + j0 + iu[q] + e;
 #pragma unroll
         for (int gate = 0; gate < 4; ++gate) gx_next[q][e][gate] = gp[gate * H];
@@ -398,26 +410,53 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
 #pragma unroll
         for (int gate = 0; gate < 4; ++gate) gx[q][e][gate] = gx_next[q][e][gate];
     load_gx(s + 1);
-    // The input of step s from the group below (tag s + 1), and h_{t-1}: h0 at the first step,
-    // then the exchange words of step s - 1 (tag s).
-    Segment sx, sh;
-    if (d.w_ih) {
-      sx.src = d.in_xchg + static_cast<size_t>(s) * B * in_words;
-      sx.words = in_words;
-      sx.col = 0;
-      sx.tag = static_cast<unsigned>(s + 1);
-    }
-    if (s == 0) {
-      copy_h_to_shared(Hs + Kx, d.h + h_first, B, Hout, KS);
+    if (a.skip & kSkipRead) {
+      if (s == 0) copy_h_to_shared(Hs + Kx, d.h + h_first, B, Hout, KS);
+    } else if (d.flags) {
+      // Flags: one warp waits until every CTA of this group has flagged step s - 1 (and of the
+      // group below, step s), then the values are read from the plain slots.
+      if (tid < 32 && !(a.skip & kSkipWait)) {
+        for (;;) {
+          bool done = true;
+          if (s > 0)
+            for (int f = tid; f < ctas; f += 32)
+              done &= ld_flag(d.flags + f) >= static_cast<unsigned>(s);
+          if (d.w_ih)
+            for (int f = tid; f < ctas; f += 32)
+              done &= ld_flag(d.in_flags + f) >= static_cast<unsigned>(s + 1);
+          if (__all_sync(0xffffffffu, done)) break;
+          if (!(a.skip & kSkipSleep)) __nanosleep(32);
+        }
+        __threadfence();  // acquire: the values behind the flags are read after this
+      }
+      __syncthreads();
+      if (d.w_ih)
+        copy_h_to_shared(Hs, reinterpret_cast<const E*>(d.in_xchg) + static_cast<size_t>(s) * B * In, B, In, KS);
+      copy_h_to_shared(Hs + Kx,
+                       s == 0 ? d.h + h_first : reinterpret_cast<const E*>(d.xchg) + static_cast<size_t>(s - 1) * B * Hout,
+                       B, Hout, KS);
     } else {
-      sh.src = d.xchg + static_cast<size_t>(s - 1) * B * words;
-      sh.words = words;
-      sh.col = Kx;
-      sh.tag = static_cast<unsigned>(s);
+      // The input of step s from the group below (tag s + 1), and h_{t-1}: h0 at the first step,
+      // then the exchange words of step s - 1 (tag s).
+      Segment sx, sh;
+      if (d.w_ih) {
+        sx.src = d.in_xchg + static_cast<size_t>(s) * B * in_words;
+        sx.words = in_words;
+        sx.col = 0;
+        sx.tag = static_cast<unsigned>(s + 1);
+      }
+      if (s == 0) {
+        copy_h_to_shared(Hs + Kx, d.h + h_first, B, Hout, KS);
+      } else {
+        sh.src = d.xchg + static_cast<size_t>(s - 1) * B * words;
+        sh.words = words;
+        sh.col = Kx;
+        sh.tag = static_cast<unsigned>(s);
+      }
+      exchange_to_shared(Hs, KS, B, sx, sh, a.skip);
     }
-    exchange_to_shared(Hs, KS, B, sx, sh, a.skip & 2);
     __syncthreads();
-    if (!(a.skip & 1)) recurrent_product<E, MT, NT>(Ws, Hs, KS, Kx + Kh, red, a.fp32_split);
+    if (!(a.skip & kSkipProduct)) recurrent_product<E, MT, NT>(Ws, Hs, KS, Kx + Kh, red, a.fp32_split);
     __syncthreads();
     unsigned long long* xout = d.xchg + static_cast<size_t>(s) * B * words;
 #pragma unroll
@@ -430,7 +469,9 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
         const int u = iu[q] + e, j = j0 + u;
         if (u >= nU) continue;
         E* y = d.y + (static_cast<size_t>(t) * B + b) * a.ldy + j;
-        if (active) {
+        if (a.skip & kSkipCell) {
+          // measurement only: h_t = h_{t-1}
+        } else if (active) {
           float pre[4];
 #pragma unroll
           for (int gate = 0; gate < 4; ++gate) {
@@ -443,15 +484,15 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
                       og = act_sigmoid<E>(pre[3]);
           cst[q][e] = fg * cst[q][e] + ig * gg;
           hcur[q][e] = from_f<E>(og * act_tanh<E>(cst[q][e]));
-          *y = hcur[q][e];
-          if (a.seq) {
+          if (!(a.skip & kSkipWrites)) *y = hcur[q][e];
+          if (a.seq && !(a.skip & kSkipWrites)) {
             float* gp = d.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j;
             gp[0] = ig;
             gp[H] = fg;
             gp[2 * H] = gg;
             gp[3 * H] = og;
           }
-        } else {
+        } else if (!(a.skip & kSkipWrites)) {
           *y = from_f<E>(0.f);
         }
       }
@@ -460,11 +501,18 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
       // starting from h0); a forward group its output, zero past each length, which is what the
       // group above reads, while its own inactive rows never become active again.
       const bool held = d.reverse || active;
-      const unsigned data =
-          pack_pair<E>(held ? hcur[q][0] : from_f<E>(0.f), held ? hcur[q][kPair - 1] : from_f<E>(0.f));
-      st_word(xout + static_cast<size_t>(b) * words + (j0 + iu[q]) / kPair,
-              (static_cast<unsigned long long>(s + 1) << 32) | data);
-      if (a.seq) {
+      if (d.flags) {
+        E* hx = reinterpret_cast<E*>(d.xchg) + (static_cast<size_t>(s) * B + b) * Hout + j0 + iu[q];
+#pragma unroll
+        for (int e = 0; e < kPair; ++e)
+          if (iu[q] + e < nU) hx[e] = held ? hcur[q][e] : from_f<E>(0.f);
+      } else {
+        const unsigned data =
+            pack_pair<E>(held ? hcur[q][0] : from_f<E>(0.f), held ? hcur[q][kPair - 1] : from_f<E>(0.f));
+        st_word(xout + static_cast<size_t>(b) * words + (j0 + iu[q]) / kPair,
+                (static_cast<unsigned long long>(s + 1) << 32) | data);
+      }
+      if (a.seq && !(a.skip & kSkipWrites)) {
         E* h_out = d.h + static_cast<size_t>(d.reverse ? t : t + 1) * B * Hout + static_cast<size_t>(b) * Hout;
         float* c_out = d.c + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
 #pragma unroll
@@ -474,6 +522,14 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
           h_out[j] = hcur[q][e];
           c_out[j] = cst[q][e];
         }
+      }
+    }
+    if (d.flags) {
+      // All of this CTA's values of step s are written: fence, then the flag.
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();
+        st_flag(d.flags + k, static_cast<unsigned>(s + 1));
       }
     }
   }
@@ -595,6 +651,20 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
     return v ? std::atoi(v) : 0;
   }();
   return plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, pinned);
+}
+
+PersistentExchange persistent_exchange_for(int64_t B) {
+  static const int forced = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_EXCHANGE");
+    if (!v) return -1;
+    const std::string name(v);
+    LSTM_REQUIRE(name == "words" || name == "flags",
+                 "LSTM_PERSISTENT_EXCHANGE: expected words or flags, got '" << name << "'");
+    return name == "words" ? 0 : 1;
+  }();
+  if (forced >= 0) return forced == 0 ? PersistentExchange::Words : PersistentExchange::Flags;
+  (void)B;
+  return PersistentExchange::Words;
 }
 
 template <class E>

@@ -24,9 +24,17 @@ struct PersistentShape {
   size_t smem = 0;
 };
 
-// The most groups (layer directions) one launch runs, and CTAs per group.
+// The most groups (layer directions) one launch runs, and CTAs per group (the flag exchange's
+// flags per group).
 constexpr int kPersistentMaxGroups = 8;
 constexpr int kPersistentMaxCtas = 256;
+
+// How the CTAs hand h_t to each other (docs/KERNELS.md, "The exchange"): tagged 64-bit words
+// polled directly, or plain values behind a flag per CTA set after a fence.
+enum class PersistentExchange { Words, Flags };
+// The exchange for batch B: $LSTM_PERSISTENT_EXCHANGE ("words" or "flags") when set (for
+// measurement), else the measured rule (lstm_persistent.cu).
+PersistentExchange persistent_exchange_for(int64_t B);
 
 
 // The device properties the planner needs.
@@ -80,7 +88,23 @@ struct PersistentGroup {
   E* h_n = nullptr;          // [B, Hout]
   E* c_n = nullptr;          // [B, H]
   unsigned long long* xchg = nullptr;  // [T, B, words], zero before the launch
+  // The flag exchange instead (flags set): xchg holds plain E values [T, B, Hout] and CTA k stores
+  // flags[k] = s + 1 (after a fence) once its values of step s are written; in_flags are the
+  // group below's. Both zero before the launch, at most kPersistentMaxCtas each.
+  unsigned* flags = nullptr;
+  const unsigned* in_flags = nullptr;
   int reverse = 0;
+};
+
+// The stages $LSTM_PERSISTENT_SKIP can leave out (bits; measurement only).
+enum PersistentSkip : int {
+  kSkipProduct = 1,   // the recurrent product
+  kSkipWait = 2,      // the wait for the other CTAs' h (the words or flags are still read once)
+  kSkipRead = 4,      // reading the exchange at all
+  kSkipCell = 8,      // the partial sums' reduction and the gate math (h_t published unchanged)
+  kSkipWrites = 16,   // the output and saved-state writes
+  kSkipGates = 32,    // reading the x-projection values
+  kSkipSleep = 64,    // polling without __nanosleep
 };
 
 template <class E>
@@ -90,8 +114,8 @@ struct PersistentArgs {
   int T = 0, B = 0, H = 0, Hout = 0, ldy = 0;
   int seq = 0;        // training: every step's state in slots, activated gates saved
   int fp32_split = 0; // F32 without TF32: each product as three TF32 products (hi*hi + hi*lo + lo*hi)
-  // Measurement only ($LSTM_PERSISTENT_SKIP, docs/KERNELS.md), results are wrong with it: bit 0
-  // leaves the recurrent product out, bit 1 the wait for the other CTAs' h.
+  // Measurement only ($LSTM_PERSISTENT_SKIP, docs/KERNELS.md), results are wrong with it: each
+  // bit leaves a stage of the step out (PersistentSkip).
   int skip = 0;
 };
 
