@@ -405,6 +405,7 @@ class FusedLstm final : public LstmBackend {
   struct PersistentPlan {
     bool wavefront = false;
     PersistentShape shape;
+    PersistentExchange exchange = PersistentExchange::Words;
   };
   const PersistentPlan& persistent_plan(int64_t B, bool dropout);
   // The persistent forward under `plan`: the input projections, then the launches.
@@ -833,7 +834,7 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
     *saved = std::move(sv);
   }
   if (plan) {
-    const bool words = persistent_exchange_for(B) == PersistentExchange::Words;
+    const bool words = plan->exchange == PersistentExchange::Words;
     last_run_ = plan->wavefront ? (words ? "persistent:wavefront, words" : "persistent:wavefront, flags")
                                 : (words ? "persistent, words" : "persistent, flags");
   } else {
@@ -854,6 +855,8 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
     const std::string why = plan_persistent(H_, Hout_, 0, D_, B, dtype(), lane_device_, &plan.shape);
     LSTM_REQUIRE(why.empty(), "persistent LSTM: " << why);
   }
+  // A CTA of the wavefront reads the layer below's h beside its own.
+  plan.exchange = persistent_exchange_for(B, plan.wavefront ? 2 * Hout_ : Hout_, dtype());
   return persistent_plans_.emplace(key, plan).first->second;
 }
 
@@ -885,7 +888,7 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
   a.seq = save ? 1 : 0;
   a.fp32_split = std::is_same_v<E, float> && !allow_tf32_ ? 1 : 0;
   a.skip = skip;
-  const bool flags = persistent_exchange_for(B) == PersistentExchange::Flags;
+  const bool flags = plan.exchange == PersistentExchange::Flags;
   const size_t flag_bytes = kPersistentMaxGroups * kPersistentMaxCtas * sizeof(unsigned);
   // Group g of a launch: layer l, direction d.
   auto fill = [&](int g, int64_t l, int64_t d, const WeightPtrs<E>& w) {

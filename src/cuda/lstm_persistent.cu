@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -36,6 +37,13 @@ constexpr int kBlock = kWarps * 32;
 // Values of E per exchange word (its low 32 bits): two 16-bit values, or one F32
 // (persistent_exchange_words counts the words the same way).
 template <class E> constexpr int kValuesPerWord = sizeof(E) == 2 ? 2 : 1;
+// The partial products red[slice][col][row] have a column stride of ROWS + kRedPad floats: the
+// product's stores (8 rows x 4 column pairs per instruction) and the cell's 64-bit loads (two
+// units of up to 8 batch rows) then fall in distinct banks.
+constexpr int kRedPad = 4;
+// The most k-tiles of W a warp keeps in registers (4 registers each): W in registers takes the
+// product's shared-memory reads of W off every step; slices with more run from shared memory.
+constexpr int kRegTiles = 16;
 
 // The mma's K per instruction and the row padding of the shared-memory tiles (16 bytes, which
 // keeps ldmatrix and the F32 fragment loads free of bank conflicts).
@@ -167,18 +175,80 @@ __device__ __forceinline__ void recurrent_product(const E* Ws, const E* Hs, int 
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[m][n][q] = acc2[0][m][n][q] + acc2[1][m][n][q] + lo[m][n][q];
-  constexpr int NP = 8 * NT;
-  float* rw = red + warp * NP * ROWS;
+  constexpr int NP = 8 * NT, RS = ROWS + kRedPad;
+  float* rw = red + warp * NP * RS;
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       const int row = m * 16 + g, col = n * 8 + 2 * tq;
-      rw[col * ROWS + row] = acc[m][n][0];
-      rw[(col + 1) * ROWS + row] = acc[m][n][1];
-      rw[col * ROWS + row + 8] = acc[m][n][2];
-      rw[(col + 1) * ROWS + row + 8] = acc[m][n][3];
+      rw[col * RS + row] = acc[m][n][0];
+      rw[(col + 1) * RS + row] = acc[m][n][1];
+      rw[col * RS + row + 8] = acc[m][n][2];
+      rw[(col + 1) * RS + row + 8] = acc[m][n][3];
     }
+}
+
+// bf16/fp16 with W in registers: warps split the CTA's MT m-tiles first (kWarps / MT warps per
+// m-tile, each over its share of K), so there are only kWarps / MT partial sums per value. Warp w
+// owns m-tile w / WM and k-tiles [kb, ke) of its share w % WM; its A fragments of those tiles
+// are loaded once (load_w_fragments) and the product reads only h from shared memory.
+template <int MT> struct RegSplit {
+  static constexpr int WM = kWarps / MT;  // warps per m-tile = partial sums per value
+  int m = 0, kw = 0, kb = 0, ke = 0;
+  __device__ RegSplit(int KT) {
+    const int warp = threadIdx.x >> 5;
+    m = warp / WM;
+    kw = warp % WM;
+    kb = kw * KT / WM;
+    ke = (kw + 1) * KT / WM;
+  }
+};
+
+template <class E, int MT, int KR>
+__device__ __forceinline__ void load_w_fragments(unsigned (&afr)[KR][4], const E* Ws, int KS, const RegSplit<MT>& rs) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < KR; ++i) {
+    if (rs.kb + i < rs.ke) {
+      ldsm_x4(afr[i], Ws + (rs.m * 16 + (lane & 15)) * KS + (rs.kb + i) * 16 + (lane >> 4) * 8);
+    } else {
+      afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;
+    }
+  }
+}
+
+template <class E, int MT, int NT, int KR>
+__device__ __forceinline__ void recurrent_product_regs(const unsigned (&afr)[KR][4], const E* Hs, int KS,
+                                                       const RegSplit<MT>& rs, float* red) {
+  constexpr int ROWS = 16 * MT, NP = 8 * NT, RS = ROWS + kRedPad;
+  const int lane = threadIdx.x & 31;
+  float acc[2][NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[0][n][q] = acc[1][n][q] = 0.f;
+#pragma unroll
+  for (int i = 0; i < KR; ++i) {
+    if (rs.kb + i < rs.ke) {
+      const int k0 = (rs.kb + i) * 16;
+      unsigned bf[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) ldsm_x2(bf[n], Hs + (n * 8 + (lane & 7)) * KS + k0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mma_16816<E>(acc[i & 1][n], afr[i], bf[n]);
+    }
+  }
+  const int g = lane >> 2, tq = lane & 3;
+  float* rw = red + rs.kw * NP * RS;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int row = rs.m * 16 + g, col = n * 8 + 2 * tq;
+    rw[col * RS + row] = acc[0][n][0] + acc[1][n][0];
+    rw[(col + 1) * RS + row] = acc[0][n][1] + acc[1][n][1];
+    rw[col * RS + row + 8] = acc[0][n][2] + acc[1][n][2];
+    rw[(col + 1) * RS + row + 8] = acc[0][n][3] + acc[1][n][3];
+  }
 }
 
 template <class E>
@@ -310,10 +380,14 @@ __device__ __forceinline__ unsigned pack_pair(E lo, E hi) {
   }
 }
 
-template <class E, int MT, int NT>
+// KR > 0 (bf16/fp16): W in registers, KR k-tiles per warp at most (recurrent_product_regs);
+// KR = 0: W read from shared memory every step (recurrent_product).
+template <class E, int MT, int NT, int KR>
 __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const PersistentArgs<E> a, int ctas) {
   constexpr int KK = Mma<E>::kK;
-  constexpr int ROWS = 16 * MT, U = ROWS / 4, NP = 8 * NT;
+  constexpr int ROWS = 16 * MT, U = ROWS / 4, NP = 8 * NT, RS = ROWS + kRedPad;
+  // Partial sums per value: kWarps / MT with W in registers, kWarps (K split 8 ways) without.
+  constexpr int kParts = KR > 0 ? kWarps / MT : kWarps;
   // A cell item is kPair adjacent units of one batch row: their h values share an exchange word.
   constexpr int kPair = kValuesPerWord<E>;
   constexpr int IPT = ((U / kPair) * NP + kBlock - 1) / kBlock;  // cell items per thread
@@ -322,7 +396,7 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
   const PersistentGroup<E>& d = a.group[grp];
   const int H = a.H, Hout = a.Hout, B = a.B, T = a.T, In = d.w_ih ? d.in_size : 0;
   // Shared memory: Ws [ROWS, KS] (columns [0, Kx): W_ih, [Kx, Kx + Kh): W_hh), Hs [NP, KS] (the
-  // input, then h_{t-1}), red [8 warps, NP, ROWS] the warps' partial products.
+  // input, then h_{t-1}), red [kParts, NP, RS] the warps' partial products.
   const int Kx = (In + KK - 1) / KK * KK, Kh = (Hout + KK - 1) / KK * KK;
   const int KS = Kx + Kh + Mma<E>::kPad;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -353,7 +427,8 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
   }
   for (int i = tid; i < NP * KS; i += kBlock) Hs[i] = from_f<E>(0.f);
 
-  // Item i -> batch row i / nI, units j0 + kPair * (i % nI) + e for e < kPair (those below nU).
+  // Item i -> batch row i % B, units j0 + kPair * (i / B) + e for e < kPair (those below nU):
+  // neighbouring threads take neighbouring rows of the same units (distinct banks of red).
   int ib[IPT], iu[IPT];
   bool iv[IPT];
   float bias[IPT][kPair][4], cst[IPT][kPair];
@@ -364,8 +439,8 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
   for (int q = 0; q < IPT; ++q) {
     const int i = tid + q * kBlock;
     iv[q] = i < nI * B;
-    ib[q] = iv[q] ? i / nI : 0;
-    iu[q] = iv[q] ? (i - ib[q] * nI) * kPair : 0;
+    ib[q] = iv[q] ? i % B : 0;
+    iu[q] = iv[q] ? (i / B) * kPair : 0;
 #pragma unroll
     for (int e = 0; e < kPair; ++e) {
       const bool on = iv[q] && iu[q] + e < nU;
@@ -399,6 +474,10 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
   };
   load_gx(0);
   __syncthreads();
+  // W in registers: each warp's A fragments, once.
+  const RegSplit<MT> rsplit((Kx + Kh) / KK);
+  unsigned afr[KR > 0 ? KR : 1][4];
+  if constexpr (KR > 0) load_w_fragments<E, MT, KR>(afr, Ws, KS, rsplit);
 
   for (int s = 0; s < T; ++s) {
     const int t = d.reverse ? T - 1 - s : s;
@@ -456,7 +535,12 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
       exchange_to_shared(Hs, KS, B, sx, sh, a.skip);
     }
     __syncthreads();
-    if (!(a.skip & kSkipProduct)) recurrent_product<E, MT, NT>(Ws, Hs, KS, Kx + Kh, red, a.fp32_split);
+    if (!(a.skip & kSkipProduct)) {
+      if constexpr (KR > 0)
+        recurrent_product_regs<E, MT, NT, KR>(afr, Hs, KS, rsplit, red);
+      else
+        recurrent_product<E, MT, NT>(Ws, Hs, KS, Kx + Kh, red, a.fp32_split);
+    }
     __syncthreads();
     unsigned long long* xout = d.xchg + static_cast<size_t>(s) * B * words;
 #pragma unroll
@@ -464,6 +548,30 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
       if (!iv[q]) continue;
       const int b = ib[q];
       const bool active = t < ilen[q];
+      // The partial products of this item's units (two adjacent rows of red in one 64-bit load for
+      // 16-bit types).
+      float sums[kPair][4] = {};
+#pragma unroll
+      for (int gate = 0; gate < 4; ++gate) {
+        if (!active || (a.skip & kSkipCell)) break;
+        const float* rp = red + b * RS + gate * U + iu[q];
+        if constexpr (kPair == 2) {
+          float2 v = make_float2(0.f, 0.f);
+#pragma unroll
+          for (int w = 0; w < kParts; ++w) {
+            const float2 p = *reinterpret_cast<const float2*>(rp + w * NP * RS);
+            v.x += p.x;
+            v.y += p.y;
+          }
+          sums[0][gate] = v.x;
+          sums[1][gate] = v.y;
+        } else {
+          float v = 0.f;
+#pragma unroll
+          for (int w = 0; w < kParts; ++w) v += rp[w * NP * RS];
+          sums[0][gate] = v;
+        }
+      }
 #pragma unroll
       for (int e = 0; e < kPair; ++e) {
         const int u = iu[q] + e, j = j0 + u;
@@ -474,12 +582,7 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
         } else if (active) {
           float pre[4];
 #pragma unroll
-          for (int gate = 0; gate < 4; ++gate) {
-            float acc = gx[q][e][gate] + bias[q][e][gate];
-#pragma unroll
-            for (int w = 0; w < kWarps; ++w) acc += red[(w * NP + b) * ROWS + gate * U + u];
-            pre[gate] = acc;
-          }
+          for (int gate = 0; gate < 4; ++gate) pre[gate] = gx[q][e][gate] + bias[q][e][gate] + sums[e][gate];
           const float ig = act_sigmoid<E>(pre[0]), fg = act_sigmoid<E>(pre[1]), gg = act_tanh<E>(pre[2]),
                       og = act_sigmoid<E>(pre[3]);
           cst[q][e] = fg * cst[q][e] + ig * gg;
@@ -546,15 +649,40 @@ __global__ void __launch_bounds__(kBlock, 1) persistent_lstm_kernel(const Persis
   }
 }
 
+// Ws [4 units, KS] and Hs [8 n_tiles, KS] in E, red [kWarps, 8 n_tiles, 4 units + kRedPad] floats.
 size_t smem_bytes(int units, int n_tiles, int64_t k_total, size_t esize, int pad) {
   const size_t KS = static_cast<size_t>(k_total + pad);
   return (4 * static_cast<size_t>(units) + 8 * static_cast<size_t>(n_tiles)) * KS * esize +
-         static_cast<size_t>(kWarps) * 4 * units * 8 * n_tiles * sizeof(float);
+         static_cast<size_t>(kWarps) * (4 * units + kRedPad) * 8 * n_tiles * sizeof(float);
 }
 
-template <class E, int MT, int NT>
-void launch_one(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
-  auto kernel = persistent_lstm_kernel<E, MT, NT>;
+// Whether W goes in registers: bf16/fp16, every warp's share of K within kRegTiles k-tiles
+// (the widest group's K: a wavefront group projecting its input holds [W_ih | W_hh]), and not
+// turned off ($LSTM_PERSISTENT_REGS=0, for measurement).
+template <class E, int MT>
+bool w_in_registers(const PersistentArgs<E>& a, int groups) {
+  if constexpr (sizeof(E) != 2) {
+    return false;
+  } else {
+    static const bool off = [] {
+      const char* v = std::getenv("LSTM_PERSISTENT_REGS");
+      return v && std::string(v) == "0";
+    }();
+    if (off) return false;
+    constexpr int KK = Mma<E>::kK;
+    int k_tiles = 0;
+    for (int g = 0; g < groups; ++g) {
+      const int In = a.group[g].w_ih ? a.group[g].in_size : 0;
+      k_tiles = std::max(k_tiles, (In + KK - 1) / KK + (a.Hout + KK - 1) / KK);
+    }
+    constexpr int WM = kWarps / MT;
+    return (k_tiles + WM - 1) / WM <= kRegTiles;
+  }
+}
+
+template <class E, int MT, int NT, int KR>
+void launch_kernel(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+  auto kernel = persistent_lstm_kernel<E, MT, NT, KR>;
   LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(p.ctas * groups));
@@ -567,6 +695,14 @@ void launch_one(const PersistentArgs<E>& a, int groups, const PersistentShape& p
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.ctas));
+}
+
+template <class E, int MT, int NT>
+void launch_one(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+  if constexpr (sizeof(E) == 2) {
+    if (w_in_registers<E, MT>(a, groups)) return launch_kernel<E, MT, NT, kRegTiles>(a, groups, p, stream);
+  }
+  launch_kernel<E, MT, NT, 0>(a, groups, p, stream);
 }
 
 template <class E, int MT>
@@ -653,7 +789,7 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
   return plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, pinned);
 }
 
-PersistentExchange persistent_exchange_for(int64_t B) {
+PersistentExchange persistent_exchange_for(int64_t B, int64_t width, DType dtype) {
   static const int forced = [] {
     const char* v = std::getenv("LSTM_PERSISTENT_EXCHANGE");
     if (!v) return -1;
@@ -663,8 +799,14 @@ PersistentExchange persistent_exchange_for(int64_t B) {
     return name == "words" ? 0 : 1;
   }();
   if (forced >= 0) return forced == 0 ? PersistentExchange::Words : PersistentExchange::Flags;
-  (void)B;
-  return PersistentExchange::Words;
+  // Tagged words cost one L2 round trip but 8 bytes per word; flags cost a fence and two round
+  // trips but move only the values. Measured on the H200 (bf16, docs/KERNELS.md): words were
+  // faster at 1 and 4 KiB of words per CTA and step (batch 1, hidden 256 and 1024), flags at 8,
+  // 16 and 32 KiB (batch 8, hidden 256, 512 and 1024).
+  constexpr int64_t kWordsMaxBytes = 4096;
+  return static_cast<int64_t>(persistent_exchange_words(1, B, width, dtype) * 8) <= kWordsMaxBytes
+             ? PersistentExchange::Words
+             : PersistentExchange::Flags;
 }
 
 template <class E>

@@ -32,9 +32,10 @@ constexpr int kPersistentMaxCtas = 256;
 // How the CTAs hand h_t to each other (docs/KERNELS.md, "The exchange"): tagged 64-bit words
 // polled directly, or plain values behind a flag per CTA set after a fence.
 enum class PersistentExchange { Words, Flags };
-// The exchange for batch B: $LSTM_PERSISTENT_EXCHANGE ("words" or "flags") when set (for
-// measurement), else the measured rule (lstm_persistent.cu).
-PersistentExchange persistent_exchange_for(int64_t B);
+// The exchange when each CTA reads `width` values of h (its own layer's, and in the wavefront the
+// layer below's) for each of B batch rows per step: $LSTM_PERSISTENT_EXCHANGE ("words" or
+// "flags") when set (for measurement), else the measured rule (lstm_persistent.cu).
+PersistentExchange persistent_exchange_for(int64_t B, int64_t width, DType dtype);
 
 
 // The device properties the planner needs.
