@@ -3,8 +3,7 @@
 bench/suites.json (default: the latency, paper and throughput suites). Writes JSON lines.
 
 Per case x dtype x mode x implementation x variant, one "result" line (a failure is a line with
-"error", never left out; nn.LSTM's graphed training step is a line with "skipped" unless
---torch-graph-train, see TORCH_GRAPH_TRAIN_SKIPPED); a "header" line first (date, GPU, torch / CUDA / cuDNN / engine versions,
+"error", never left out); a "header" line first (date, GPU, torch / CUDA / cuDNN / engine versions,
 the command).
   impl     "lstm_engine" (lstm_engine.torch.LSTM, --algo, default auto) or "torch" (nn.LSTM)
   mode     infer: module.eval(), forward under torch.no_grad();
@@ -68,14 +67,6 @@ def stats(ms):
     return {"ms_median": percentile(v, 0.5), "ms_min": v[0], "ms_p90": percentile(v, 0.9), "repeats": len(v)}
 
 
-# nn.LSTM's training step under torch.cuda.graph (the documented recipe) failed on the H200 with
-# PyTorch 2.11 on 2026-12-02 ("CUDA error: operation failed due to a previous error during
-# capture"), after which every later cell of the process failed ("Offset increment outside graph
-# capture"). So it runs only when asked (--torch-graph-train), best alone.
-TORCH_GRAPH_TRAIN_SKIPPED = ("nn.LSTM's training step did not capture under torch.cuda.graph (PyTorch 2.11, H200, "
-                             "2026-12-02) and a failed capture breaks the process; --torch-graph-train tries it")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -94,9 +85,6 @@ def main():
     ap.add_argument("--budget-s", type=float, default=0, help="stop starting cells after this many seconds")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--list", action="store_true")
-    ap.add_argument("--torch-graph-train", action="store_true",
-                    help="also capture nn.LSTM's training step (it failed to capture in our runs, and a failed "
-                         "capture leaves the process's CUDA state unusable: run it alone)")
     args = ap.parse_args()
 
     cases = load_cases(args)
@@ -175,14 +163,13 @@ def main():
                                "B": c["B"], "T": c["T"], "bidirectional": c["bidirectional"], "mode": mode,
                                "dtype": d, "gflop": case_gflop(c, mode == "train"),
                                "algo": args.algo if impl == "lstm_engine" else "torch"}
-                        if impl == "torch" and variant == "graph" and mode == "train" and not args.torch_graph_train:
-                            row["skipped"] = TORCH_GRAPH_TRAIN_SKIPPED
-                            emit(row)
-                            continue
                         try:
                             torch.backends.cudnn.allow_tf32 = d == "tf32"
                             torch.backends.cuda.matmul.allow_tf32 = d == "tf32"
-                            torch.manual_seed(0)
+                            # Only CPU generators: a failed capture (nn.LSTM's training step) leaves the CUDA
+                            # generator unusable for the rest of the process.
+                            torch.random.default_generator.manual_seed(0)
+                            gen = torch.Generator().manual_seed(1)
                             ref = nn.LSTM(c["I"], c["H"], c["L"], bidirectional=c["bidirectional"]).to(dev, tdt[d])
                             if impl == "torch":
                                 m = ref
@@ -191,13 +178,13 @@ def main():
                                 m = LSTM(c["I"], c["H"], c["L"], bidirectional=c["bidirectional"], algo=args.algo,
                                          device=dev, dtype=tdt[d])
                                 m.load_state_dict(ref.state_dict())
-                            x = (torch.rand(c["T"], c["B"], c["I"], device=dev, dtype=tdt[d]) * 2 - 1)
+                            x = (torch.rand(c["T"], c["B"], c["I"], generator=gen) * 2 - 1).to(dev, tdt[d])
                             train = mode == "train"
                             m.train(train)
                             if train:
                                 x.requires_grad_(True)
-                                dy = torch.rand(c["T"], c["B"], (2 if c["bidirectional"] else 1) * c["H"],
-                                                device=dev, dtype=tdt[d]) * 2 - 1
+                                dy = (torch.rand(c["T"], c["B"], (2 if c["bidirectional"] else 1) * c["H"],
+                                                 generator=gen) * 2 - 1).to(dev, tdt[d])
                                 for p in m.parameters():
                                     p.grad = torch.zeros_like(p)
 

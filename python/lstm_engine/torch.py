@@ -92,19 +92,49 @@ def _stream_for(device):
     return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream or None)
 
 
+# Backend handles released while the current CUDA stream is being captured (torch.cuda.graph):
+# destroying a backend frees device memory, streams and graphs, calls that would invalidate the
+# capture (a module dropped inside the capture block, e.g. by rebinding a variable that held the
+# last output of another module). They are destroyed at the next call made outside a capture.
+_deferred = []
+_deferred_lock = threading.Lock()
+
+
+def _capturing():
+    try:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001 (no usable CUDA: nothing is being captured)
+        return False
+
+
+def _destroy_deferred():
+    if not _deferred or _capturing():
+        return
+    with _deferred_lock:
+        todo, _deferred[:] = list(_deferred), []
+    for p, destroy in todo:
+        destroy(p)
+
+
 class _Handle:
-    """Owns a C handle; destroyed with its Python object."""
+    """Owns a C handle; destroyed with its Python object (a backend's destruction waits for the
+    end of a CUDA graph capture that is under way: _deferred)."""
 
-    __slots__ = ("ptr", "_destroy", "__weakref__")
+    __slots__ = ("ptr", "_destroy", "_defer", "__weakref__")
 
-    def __init__(self, ptr, destroy):
+    def __init__(self, ptr, destroy, defer_in_capture=False):
         self.ptr = ptr
         self._destroy = destroy
+        self._defer = defer_in_capture
 
     def close(self):
         if self.ptr:
             p, self.ptr = self.ptr, None
-            self._destroy(p)
+            if self._defer and _capturing():
+                with _deferred_lock:
+                    _deferred.append((p, self._destroy))
+            else:
+                self._destroy(p)
 
     def __del__(self):
         try:
@@ -117,6 +147,7 @@ class _Backend:
     """One engine backend instance (spec, dtype, device, options)."""
 
     def __init__(self, spec, dtype, device, algo, cudnn_algo, cuda_graphs, allow_tf32):
+        _destroy_deferred()
         lib = _lib.lib()
         opts = _lib.BackendOptions(algo.encode(), cudnn_algo.encode() if cudnn_algo else None,
                                    cuda_graphs.encode() if cuda_graphs else None, None, int(bool(allow_tf32)))
@@ -125,7 +156,7 @@ class _Backend:
         index = device.index if device.index is not None else (torch.cuda.current_device() if dev == _lib.CUDA else 0)
         _lib.check(lib.lstm_backend_create(ctypes.byref(spec), _DTYPES[dtype], dev, index, ctypes.byref(opts),
                                            ctypes.byref(out)))
-        self.handle = _Handle(out.value, lib.lstm_backend_destroy)
+        self.handle = _Handle(out.value, lib.lstm_backend_destroy, defer_in_capture=True)
         self.spec = spec
         self.device = device
         # Backends are not thread-safe: a module used from several threads (autograd's device
@@ -145,6 +176,7 @@ class _Backend:
         return self._layout
 
     def forward(self, x, lengths, h0, c0, weights, training, seed, want_saved):
+        _destroy_deferred()
         lib = _lib.lib()
         s = self.spec
         if s.batch_first:

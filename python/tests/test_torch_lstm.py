@@ -492,6 +492,42 @@ def test_cuda_graph_training_step(algo):
         assert rel_l2(ours.state_dict()[k], v) < 1e-3, k
 
 
+@needs_cuda
+def test_module_dropped_inside_a_capture_does_not_break_it():
+    """A module whose last reference goes inside a torch.cuda.graph capture block (here the output
+    of an earlier training step, whose autograd node holds the module's engine) is destroyed after
+    the capture: destroying it during the capture (device frees, stream and graph destruction)
+    would invalidate the capture."""
+    import lstm_engine.torch as lt
+    dev = "cuda"
+    torch.manual_seed(11)
+    old = LSTM(6, 8, algo="fused", device=dev)
+    out_old, _ = old(torch.randn(5, 2, 6, device=dev))
+    out_old.sum().backward()
+    del old  # out_old's autograd node now holds the engine's last reference
+    ref = nn.LSTM(6, 8).to(dev)
+    mod = LSTM(6, 8, algo="fused", device=dev)
+    mod.load_state_dict(ref.state_dict())
+    x = torch.randn(5, 2, 6, device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            y, _ = mod(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_old = None  # the old module goes here
+        y, _ = mod(x)
+    assert len(lt._deferred) == 1
+    x.copy_(torch.randn(5, 2, 6, device=dev))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_l2(y, ref(x)[0]) < 1e-5
+    mod(x)  # the next call outside a capture destroys the deferred engine
+    assert len(lt._deferred) == 0
+
+
 def test_retain_graph_and_double_backward():
     torch.manual_seed(8)
     ref = nn.LSTM(3, 4, num_layers=2).double()

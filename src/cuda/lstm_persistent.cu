@@ -656,9 +656,11 @@ size_t smem_bytes(int units, int n_tiles, int64_t k_total, size_t esize, int pad
          static_cast<size_t>(kWarps) * (4 * units + kRedPad) * 8 * n_tiles * sizeof(float);
 }
 
-// Whether W goes in registers: bf16/fp16, every warp's share of K within kRegTiles k-tiles
-// (the widest group's K: a wavefront group projecting its input holds [W_ih | W_hh]), and not
-// turned off ($LSTM_PERSISTENT_REGS=0, for measurement).
+// Whether W goes in registers: bf16/fp16, at least two m-tiles per CTA (8 units; with one, the
+// register kernel measured 7-11% slower than the shared-memory one on the H200, and with two 3-8%
+// faster: docs/KERNELS.md), every warp's share of K within kRegTiles k-tiles (the widest group's
+// K: a wavefront group projecting its input holds [W_ih | W_hh]), and not turned off
+// ($LSTM_PERSISTENT_REGS=0, for measurement).
 template <class E, int MT>
 bool w_in_registers(const PersistentArgs<E>& a, int groups) {
   if constexpr (sizeof(E) != 2) {
@@ -699,7 +701,7 @@ void launch_kernel(const PersistentArgs<E>& a, int groups, const PersistentShape
 
 template <class E, int MT, int NT>
 void launch_one(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
-  if constexpr (sizeof(E) == 2) {
+  if constexpr (sizeof(E) == 2 && MT >= 2) {
     if (w_in_registers<E, MT>(a, groups)) return launch_kernel<E, MT, NT, kRegTiles>(a, groups, p, stream);
   }
   launch_kernel<E, MT, NT, 0>(a, groups, p, stream);
