@@ -855,8 +855,7 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
     const std::string why = plan_persistent(H_, Hout_, 0, D_, B, dtype(), lane_device_, &plan.shape);
     LSTM_REQUIRE(why.empty(), "persistent LSTM: " << why);
   }
-  // A CTA of the wavefront reads the layer below's h beside its own.
-  plan.exchange = persistent_exchange_for(B, plan.wavefront ? 2 * Hout_ : Hout_, dtype());
+  plan.exchange = persistent_exchange_for(B);
   return persistent_plans_.emplace(key, plan).first->second;
 }
 

@@ -4,14 +4,15 @@
 // the wavefront also those rows of W_ih, in shared memory for the whole launch. Per step it
 //   1. takes its x-projection values of step t, read one step ahead (they do not depend on the
 //      recurrence),
-//   2. reads h_{t-1} [B, Hout] (and in the wavefront the layer below's h_t) from the exchange
-//      words in L2 into shared memory, polling until every word carries the step's tag,
+//   2. reads h_{t-1} [B, Hout] (and in the wavefront the layer below's h_t) from the exchange in L2
+//      into shared memory: tagged words polled until every word carries the step's tag (batch
+//      <= 2), or values behind a flag per CTA (persistent_exchange_for),
 //   3. forms its [4U, B] block of [x;h] [W_ih;W_hh]^T with tensor-core mma (bf16/fp16 m16n8k16;
-//      F32 as TF32 m16n8k8, three products per term unless TF32 is allowed), K split over the 8
-//      warps, partial sums reduced through shared memory,
-//   4. runs the cell for its (unit pair, batch row) items (c stays in registers), publishes h_t as
-//      tagged exchange words, then writes the output and, in training, h_t, c_t and the activated
-//      gates to their slots.
+//      F32 as TF32 m16n8k8, three products per term unless TF32 is allowed), with W either in
+//      registers (bf16/fp16, 8+ units: warps split the m-tiles, then K) or read from shared memory
+//      (K split over the 8 warps), partial sums reduced through shared memory,
+//   4. runs the cell for its (unit pair, batch row) items (c stays in registers), publishes h_t,
+//      then writes the output and, in training, h_t, c_t and the activated gates to their slots.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -657,7 +658,7 @@ size_t smem_bytes(int units, int n_tiles, int64_t k_total, size_t esize, int pad
 }
 
 // Whether W goes in registers: bf16/fp16, at least two m-tiles per CTA (8 units; with one, the
-// register kernel measured 7-11% slower than the shared-memory one on the H200, and with two 3-8%
+// register kernel measured 7-12% slower than the shared-memory one on the H200, and with two 3-8%
 // faster: docs/KERNELS.md), every warp's share of K within kRegTiles k-tiles (the widest group's
 // K: a wavefront group projecting its input holds [W_ih | W_hh]), and not turned off
 // ($LSTM_PERSISTENT_REGS=0, for measurement).
@@ -791,7 +792,7 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
   return plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, pinned);
 }
 
-PersistentExchange persistent_exchange_for(int64_t B, int64_t width, DType dtype) {
+PersistentExchange persistent_exchange_for(int64_t B) {
   static const int forced = [] {
     const char* v = std::getenv("LSTM_PERSISTENT_EXCHANGE");
     if (!v) return -1;
@@ -801,14 +802,11 @@ PersistentExchange persistent_exchange_for(int64_t B, int64_t width, DType dtype
     return name == "words" ? 0 : 1;
   }();
   if (forced >= 0) return forced == 0 ? PersistentExchange::Words : PersistentExchange::Flags;
-  // Tagged words cost one L2 round trip but 8 bytes per word; flags cost a fence and two round
-  // trips but move only the values. Measured on the H200 (bf16, docs/KERNELS.md): words were
-  // faster at 1 and 4 KiB of words per CTA and step (batch 1, hidden 256 and 1024), flags at 8,
-  // 16 and 32 KiB (batch 8, hidden 256, 512 and 1024).
-  constexpr int64_t kWordsMaxBytes = 4096;
-  return static_cast<int64_t>(persistent_exchange_words(1, B, width, dtype) * 8) <= kWordsMaxBytes
-             ? PersistentExchange::Words
-             : PersistentExchange::Flags;
+  // Tagged words cost one L2 round trip but 8 bytes per word, every one polled; flags cost a
+  // fence and two round trips but move only the values. Measured on the H200 (docs/KERNELS.md):
+  // at batch 1 words were faster (bf16 hidden 256 and 1024; F32 hidden 1024, 8 KiB of words per
+  // CTA and step), at batch 8 flags (bf16 hidden 256 to 1024). Batches 3 to 7 were not measured.
+  return B <= 2 ? PersistentExchange::Words : PersistentExchange::Flags;
 }
 
 template <class E>

@@ -1,7 +1,7 @@
 // The persistent recurrence (Algo::Persistent): one kernel launch runs every step of a layer's
-// directions, each CTA holding its slice of W_hh in shared memory for the whole sequence and the
-// CTAs of a direction meeting once per step at a flag barrier in global memory. docs/KERNELS.md
-// ("The persistent backend") has the mapping, the barrier and the limits. Internal to the fused
+// directions, each CTA holding its slice of W_hh on-chip (shared memory, or registers) for the
+// whole sequence and handing h_t to the others once per step through L2 (tagged words or flags).
+// docs/KERNELS.md ("The persistent backend") has the mapping, the exchange and the limits. Internal to the fused
 // backend (src/cuda/lstm_fused.cu), which does everything around the recurrence: the input
 // projection GEMMs, dropout, the layer loop, what training saves and the whole backward.
 #pragma once
@@ -32,10 +32,9 @@ constexpr int kPersistentMaxCtas = 256;
 // How the CTAs hand h_t to each other (docs/KERNELS.md, "The exchange"): tagged 64-bit words
 // polled directly, or plain values behind a flag per CTA set after a fence.
 enum class PersistentExchange { Words, Flags };
-// The exchange when each CTA reads `width` values of h (its own layer's, and in the wavefront the
-// layer below's) for each of B batch rows per step: $LSTM_PERSISTENT_EXCHANGE ("words" or
-// "flags") when set (for measurement), else the measured rule (lstm_persistent.cu).
-PersistentExchange persistent_exchange_for(int64_t B, int64_t width, DType dtype);
+// The exchange for batch B: $LSTM_PERSISTENT_EXCHANGE ("words" or "flags") when set (for
+// measurement), else the measured rule (lstm_persistent.cu).
+PersistentExchange persistent_exchange_for(int64_t B);
 
 
 // The device properties the planner needs.
