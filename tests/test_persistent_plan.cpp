@@ -15,11 +15,13 @@ using namespace lstm;
 using lstm::cuda::PersistentDevice;
 using lstm::cuda::PersistentShape;
 using lstm::cuda::plan_persistent;
+using lstm::cuda::plan_persistent_cluster;
 
 namespace {
 
-// The lent H200: 132 SMs, 227 KiB of shared memory per block (opt-in), cooperative launch.
-PersistentDevice h200() { return PersistentDevice{132, 232448, true}; }
+// The lent H200: 132 SMs, 227 KiB of shared memory per block (opt-in), cooperative launch,
+// thread-block clusters.
+PersistentDevice h200() { return PersistentDevice{132, 232448, true, true}; }
 
 bool fits(int64_t H, int64_t groups, int64_t B, DType dt, int64_t in_size = 0) {
   PersistentShape s;
@@ -95,6 +97,35 @@ TEST(PersistentPlan, RefusalsNameTheLimit) {
   EXPECT_EQ(s.units, 8);
   EXPECT_FALSE(plan_persistent(small, 1024, 1024, 0, 1, 8, DType::BF16, &s).empty());
 }
+TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
+  PersistentShape s;
+  // Hidden 512: 16 CTAs of 32 units (W_hh in registers: 16 k-tiles per warp).
+  ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 0, 1, 8, DType::BF16, &s), "");
+  EXPECT_EQ(s.cluster, 16);
+  EXPECT_EQ(s.units, 32);
+  EXPECT_LE(s.smem, size_t{232448});
+  // Smaller sizes take the smallest slice that keeps the cluster within 16 CTAs.
+  ASSERT_EQ(plan_persistent_cluster(h200(), 256, 256, 0, 2, 1, DType::F16, &s), "");
+  EXPECT_EQ(s.cluster, 16);
+  EXPECT_EQ(s.units, 16);
+  ASSERT_EQ(plan_persistent_cluster(h200(), 20, 20, 0, 1, 3, DType::BF16, &s), "");
+  EXPECT_EQ(s.cluster, 5);
+  EXPECT_EQ(s.units, 4);
+  // Refusals (the grid kernels run these).
+  EXPECT_NE(plan_persistent_cluster(h200(), 520, 520, 0, 1, 1, DType::BF16, &s).find("does not fit one cluster"),
+            std::string::npos);
+  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 1, DType::F32, &s).find("BF16 or F16"), std::string::npos);
+  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 9, DType::BF16, &s).find("up to 8 rows"),
+            std::string::npos);
+  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 256, 2, 1, DType::BF16, &s).find("no wavefront"),
+            std::string::npos);
+  PersistentDevice old = h200();
+  old.cluster = false;
+  EXPECT_NE(plan_persistent_cluster(old, 256, 256, 0, 1, 1, DType::BF16, &s).find("no thread-block clusters"),
+            std::string::npos);
+}
+
 #else
 TEST(PersistentPlan, NeedsACudaBuild) { GTEST_SKIP() << "built without CUDA"; }
 #endif
+

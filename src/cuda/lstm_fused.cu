@@ -835,8 +835,9 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   }
   if (plan) {
     const bool words = plan->exchange == PersistentExchange::Words;
-    last_run_ = plan->wavefront ? (words ? "persistent:wavefront, words" : "persistent:wavefront, flags")
-                                : (words ? "persistent, words" : "persistent, flags");
+    last_run_ = plan->shape.cluster > 0 ? "persistent:cluster"
+                : plan->wavefront       ? (words ? "persistent:wavefront, words" : "persistent:wavefront, flags")
+                                        : (words ? "persistent, words" : "persistent, flags");
   } else {
     last_run_ = D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
   }
@@ -849,11 +850,22 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
   auto it = persistent_plans_.find(key);
   if (it != persistent_plans_.end()) return it->second;
   PersistentPlan plan;
-  if (D_ == 1 && L_ > 1 && !dropout)
+  // $LSTM_PERSISTENT_WAVEFRONT=0 runs a stack layer by layer (for measurement: the cluster
+  // kernels run single layers only).
+  static const bool no_wave = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_WAVEFRONT");
+    return v && std::string(v) == "0";
+  }();
+  if (D_ == 1 && L_ > 1 && !dropout && !no_wave)
     plan.wavefront = plan_persistent(H_, Hout_, Hout_, L_, B, dtype(), lane_device_, &plan.shape).empty();
   if (!plan.wavefront) {
-    const std::string why = plan_persistent(H_, Hout_, 0, D_, B, dtype(), lane_device_, &plan.shape);
-    LSTM_REQUIRE(why.empty(), "persistent LSTM: " << why);
+    PersistentShape cluster;
+    if (plan_persistent_cluster(H_, Hout_, 0, D_, B, dtype(), lane_device_, &cluster).empty()) {
+      plan.shape = cluster;
+    } else {
+      const std::string why = plan_persistent(H_, Hout_, 0, D_, B, dtype(), lane_device_, &plan.shape);
+      LSTM_REQUIRE(why.empty(), "persistent LSTM: " << why);
+    }
   }
   plan.exchange = persistent_exchange_for(B);
   return persistent_plans_.emplace(key, plan).first->second;
@@ -934,8 +946,10 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
         fill(static_cast<int>(d), l, d, w);
         input_projection(ln, w, p.in[l], In, a.group[d].gates, 0, Tn, B);
       }
-      LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, D_ * xwords * sizeof(unsigned long long), ln.stream));
-      if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
+      if (plan.shape.cluster == 0) {  // the cluster kernels exchange through shared memory
+        LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, D_ * xwords * sizeof(unsigned long long), ln.stream));
+        if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
+      }
       launch_persistent<E>(a, static_cast<int>(D_), plan.shape, ln.stream);
     }
   }

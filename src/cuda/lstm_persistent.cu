@@ -722,20 +722,327 @@ void launch_nt(const PersistentArgs<E>& a, int groups, const PersistentShape& p,
   }
 }
 
+
+// ---- The cluster variant ---------------------------------------------------------------------
+// One thread-block cluster per group (a layer direction whose hidden size fits 16 CTAs): rank r
+// owns hidden units [rU, rU + U) with their W_hh rows in its warps' registers; after the cell each
+// CTA writes its h_t values straight into every CTA's shared memory (distributed shared memory),
+// then one cluster barrier ends the step. Nothing of the step goes through global memory but the
+// x-projection reads and the output writes. Hs is double-buffered by step parity: a CTA writes
+// step s's h into the buffer the others read at step s + 1, which they last read at step s - 1,
+// before the barrier that ended it.
+constexpr int kClusterWarps = 16;
+constexpr int kClusterBlock = kClusterWarps * 32;
+constexpr int kClusterMax = 16;      // CTAs per cluster (non-portable above 8)
+constexpr int kClusterRegTiles = 16;  // k-tiles of W per warp held in registers
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The shared-memory address `p` (of this CTA) in the CTA of rank r, as a 32-bit
+// shared::cluster address.
+__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned r) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(a), "r"(r));
+  return out;
+}
+__device__ __forceinline__ void st_cluster(unsigned addr, unsigned v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// Every thread of every CTA of the cluster: the writes before (to any CTA's shared memory) are
+// visible to the reads after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// MT m-tiles (U = 4 MT units) per CTA; kClusterWarps / MT warps split K for each m-tile.
+template <class E, int MT>
+__global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(const PersistentArgs<E> a, int cl) {
+  constexpr int KK = 16, ROWS = 16 * MT, U = ROWS / 4, NP = 8, RS = ROWS + kRedPad;
+  constexpr int WK = kClusterWarps / MT;  // partial sums per value
+  constexpr int KR = kClusterRegTiles;
+  const int grp = blockIdx.x / cl;
+  const unsigned rank = cluster_rank();
+  const PersistentGroup<E>& d = a.group[grp];
+  const int H = a.H, B = a.B, T = a.T;
+  const int Kh = (H + KK - 1) / KK * KK, KS = Kh + Mma<E>::kPad, KT = Kh / KK;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* Ws = reinterpret_cast<E*>(smem);        // [ROWS, KS], read once into registers
+  E* Hs = Ws + ROWS * KS;                      // [2][NP, KS]: h_{t-1} by step parity
+  float* red = reinterpret_cast<float*>(Hs + 2 * NP * KS);  // [WK][NP][RS]
+  float* bias_s = red + WK * NP * RS;                        // [4][U]: b_ih + b_hh of the CTA's units
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
+  constexpr int kPair = 2;
+  const int nI = (nU + 1) / 2;
+
+  for (int i = tid; i < ROWS * KS; i += kClusterBlock) {
+    const int r = i / KS, col = i - r * KS;
+    const int gate = r / U, u = r - gate * U;
+    E v = from_f<E>(0.f);
+    if (u < nU && col < H) v = d.w_hh[static_cast<size_t>(gate * H + j0 + u) * H + col];
+    Ws[i] = v;
+  }
+  for (int i = tid; i < 2 * NP * KS; i += kClusterBlock) Hs[i] = from_f<E>(0.f);
+  __syncthreads();
+  const size_t h_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
+  const size_t c_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
+  copy_h_to_shared(Hs, d.h + h_first, B, H, KS);  // h0 into buffer 0 (every CTA its own copy)
+  // Warp w: m-tile w % MT, k-tiles [kb, ke) of its share w / MT.
+  const int m = warp % MT, kp = warp / MT;
+  const int kb = kp * KT / WK, ke = (kp + 1) * KT / WK;
+  unsigned afr[KR][4];
+#pragma unroll
+  for (int i = 0; i < KR; ++i) {
+    if (kb + i < ke)
+      ldsm_x4(afr[i], Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
+    else
+      afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;
+  }
+
+  // The biases in shared memory (registers are scarce here).
+  for (int i = tid; i < 4 * U; i += kClusterBlock) {
+    const int gate = i / U, u = i - gate * U, j = j0 + u;
+    bias_s[i] = u < nU && d.b_ih ? to_f(d.b_ih[gate * H + j]) + to_f(d.b_hh[gate * H + j]) : 0.f;
+  }
+  // This thread's cell item: batch row b, units j0 + iu, j0 + iu + 1.
+  const bool iv = tid < nI * B;
+  const int b = iv ? tid % B : 0, iu = iv ? (tid / B) * kPair : 0;
+  float cst[kPair];
+  E hcur[kPair];
+#pragma unroll
+  for (int e = 0; e < kPair; ++e) {
+    const bool on = iv && iu + e < nU;
+    const int j = j0 + iu + e;
+    cst[e] = on ? d.c[c_first + static_cast<size_t>(b) * H + j] : 0.f;
+    hcur[e] = on ? d.h[h_first + static_cast<size_t>(b) * H + j] : from_f<E>(0.f);
+  }
+  const int len = iv ? a.len[b] : 0;
+  // The x-projection values of the next step, loaded at the end of a step (so their latency
+  // passes during the barrier and the product; one set of registers, which are scarce here).
+  float gx[kPair][4];
+  auto load_gx = [&](int s_load) {
+    const int t_load = d.reverse ? T - 1 - s_load : s_load;
+#pragma unroll
+    for (int e = 0; e < kPair; ++e)
+#pragma unroll
+      for (int gate = 0; gate < 4; ++gate)
+        gx[e][gate] = iv && iu + e < nU && s_load < T && !(a.skip & kSkipGates)
+                          ? d.gates[(static_cast<size_t>(t_load) * B + b) * 4 * H + j0 + iu + e + gate * H]
+                          : 0.f;
+  };
+  load_gx(0);
+  cluster_sync();  // every CTA started and its buffers zeroed before anyone writes into them
+
+  for (int s = 0; s < T; ++s) {
+    const int t = d.reverse ? T - 1 - s : s;
+    const E* Hcur = Hs + (s & 1) * NP * KS;
+    E* Hnext = Hs + ((s + 1) & 1) * NP * KS;
+    if (!(a.skip & kSkipProduct)) {
+      // Two accumulator chains: consecutive mma instructions do not wait for each other.
+      float acc[2][4];
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+#pragma unroll
+      for (int i = 0; i < KR; ++i) {
+        if (kb + i < ke) {
+          unsigned bf[2];
+          ldsm_x2(bf, Hcur + (lane & 7) * KS + (kb + i) * KK + ((lane >> 3) & 1) * 8);
+          mma_16816<E>(acc[i & 1], afr[i], bf);
+        }
+      }
+      const int g = lane >> 2, tq = lane & 3;
+      float* rw = red + kp * NP * RS;
+      const int row = m * 16 + g, col = 2 * tq;
+      rw[col * RS + row] = acc[0][0] + acc[1][0];
+      rw[(col + 1) * RS + row] = acc[0][1] + acc[1][1];
+      rw[col * RS + row + 8] = acc[0][2] + acc[1][2];
+      rw[(col + 1) * RS + row + 8] = acc[0][3] + acc[1][3];
+    }
+    __syncthreads();
+    if (iv) {
+      const bool active = t < len;
+      if (active && !(a.skip & kSkipCell)) {
+        float sums[kPair][4];
+#pragma unroll
+        for (int gate = 0; gate < 4; ++gate) {
+          float2 v = make_float2(0.f, 0.f);
+          const float* rp = red + b * RS + gate * U + iu;
+#pragma unroll
+          for (int w = 0; w < WK; ++w) {
+            const float2 p = *reinterpret_cast<const float2*>(rp + w * NP * RS);
+            v.x += p.x;
+            v.y += p.y;
+          }
+          sums[0][gate] = v.x;
+          sums[1][gate] = v.y;
+        }
+#pragma unroll
+        for (int e = 0; e < kPair; ++e) {
+          if (iu + e >= nU) continue;
+          float pre[4];
+#pragma unroll
+          for (int gate = 0; gate < 4; ++gate) pre[gate] = gx[e][gate] + bias_s[gate * U + iu + e] + sums[e][gate];
+          const float ig = act_sigmoid<E>(pre[0]), fg = act_sigmoid<E>(pre[1]), gg = act_tanh<E>(pre[2]),
+                      og = act_sigmoid<E>(pre[3]);
+          cst[e] = fg * cst[e] + ig * gg;
+          hcur[e] = from_f<E>(og * act_tanh<E>(cst[e]));
+          if (a.seq) {
+            float* gp = d.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j0 + iu + e;
+            gp[0] = ig;
+            gp[H] = fg;
+            gp[2 * H] = gg;
+            gp[3 * H] = og;
+          }
+        }
+      }
+      // h_t (or, for a reverse row not yet started, h0; a finished forward row publishes zero,
+      // never read again) into every CTA's next buffer; then the output and the saved state.
+      const bool held = d.reverse || active;
+      const unsigned word = pack_pair<E>(held ? hcur[0] : from_f<E>(0.f), held ? hcur[1] : from_f<E>(0.f));
+      E* slot = Hnext + b * KS + j0 + iu;
+      for (int r = 0; r < cl; ++r) st_cluster(cluster_addr(slot, static_cast<unsigned>(r)), word);
+      if (!(a.skip & kSkipWrites)) {
+        E* y = d.y + (static_cast<size_t>(t) * B + b) * a.ldy + j0 + iu;
+#pragma unroll
+        for (int e = 0; e < kPair; ++e)
+          if (iu + e < nU) y[e] = active ? hcur[e] : from_f<E>(0.f);
+        if (a.seq) {
+          E* h_out = d.h + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
+          float* c_out = d.c + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
+#pragma unroll
+          for (int e = 0; e < kPair; ++e) {
+            if (iu + e >= nU) continue;
+            h_out[j0 + iu + e] = hcur[e];
+            c_out[j0 + iu + e] = cst[e];
+          }
+        }
+      }
+    }
+    load_gx(s + 1);
+    cluster_sync();
+  }
+  if (iv) {
+#pragma unroll
+    for (int e = 0; e < kPair; ++e) {
+      if (iu + e >= nU) continue;
+      d.h_n[static_cast<size_t>(b) * H + j0 + iu + e] = hcur[e];
+      d.c_n[static_cast<size_t>(b) * H + j0 + iu + e] = from_f<E>(cst[e]);
+    }
+  }
+}
+
+size_t cluster_smem_bytes(int units, int64_t H) {
+  const size_t KS = static_cast<size_t>((H + 15) / 16 * 16 + 8);
+  const int MT = units / 4;
+  return (4 * static_cast<size_t>(units) + 2 * 8) * KS * 2 +
+         (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float);
+}
+
+template <class E, int MT>
+void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+  auto kernel = persistent_cluster_kernel<E, MT>;
+  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
+  if (p.cluster > 8) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster * groups));
+  cfg.blockDim = dim3(kClusterBlock);
+  cfg.dynamicSmemBytes = p.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // All groups' clusters must be resident at once only within a cluster (nothing crosses
+  // clusters), so no cooperative launch; but a cluster that cannot be placed at all fails here.
+  int clusters = 0;
+  LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  LSTM_REQUIRE(clusters >= 1, "persistent LSTM: the device cannot place a cluster of " << p.cluster << " CTAs with "
+                                                                                       << p.smem << " bytes of shared memory each");
+  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.cluster));
+}
+
+template <class E>
+void launch_cluster_mt(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+  if constexpr (sizeof(E) != 2) {
+    LSTM_THROW("persistent LSTM: bad plan (the cluster kernels are bf16/fp16)");
+  } else {
+    switch (p.units) {
+      case 4: return launch_cluster<E, 1>(a, groups, p, stream);
+      case 8: return launch_cluster<E, 2>(a, groups, p, stream);
+      case 16: return launch_cluster<E, 4>(a, groups, p, stream);
+      case 32: return launch_cluster<E, 8>(a, groups, p, stream);
+      default: LSTM_THROW("persistent LSTM: bad plan (" << p.units << " units per CTA)");
+    }
+  }
+}
+
 }  // namespace
 
 std::string persistent_device(int device, PersistentDevice* out) {
-  int sms = 0, smem_optin = 0, coop = 0;
+  int sms = 0, smem_optin = 0, coop = 0, cluster = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) {
+      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, device) != cudaSuccess) {
     (void)cudaGetLastError();
     return "no usable CUDA device to plan the persistent kernels on (their limits come from its properties)";
   }
   out->sms = sms;
   out->smem_per_block = static_cast<size_t>(smem_optin);
   out->cooperative = coop != 0;
+  out->cluster = cluster != 0;
   return "";
+}
+
+std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size,
+                                    int64_t groups, int64_t B, DType dtype, PersistentShape* out) {
+  if (dtype != DType::BF16 && dtype != DType::F16)
+    return std::string("the cluster kernels compute in BF16 or F16, not ") + dtype_name(dtype);
+  if (!dev.cluster) return "the device has no thread-block clusters";
+  if (Hout != H) return "the cluster kernels have no projection";
+  if (in_size) return "the cluster kernels run one layer per launch (no wavefront)";
+  if (B > 8) return "the cluster kernels run batches of up to 8 rows; got " + std::to_string(B);
+  const int64_t k_tiles = (H + 15) / 16;
+  for (int units : {4, 8, 16, 32}) {
+    const int64_t cl = (H + units - 1) / units;
+    if (cl > kClusterMax) continue;
+    const int wk = kClusterWarps / (units / 4);
+    if ((k_tiles + wk - 1) / wk > kClusterRegTiles) continue;
+    if (cl * groups > dev.sms) continue;
+    const size_t smem = cluster_smem_bytes(units, H);
+    if (smem > dev.smem_per_block) continue;
+    out->units = units;
+    out->ctas = static_cast<int>(cl);
+    out->n_tiles = 1;
+    out->smem = smem;
+    out->cluster = static_cast<int>(cl);
+    return "";
+  }
+  return "hidden size " + std::to_string(H) + " does not fit one cluster of " + std::to_string(kClusterMax) +
+         " CTAs with W_hh in registers";
+}
+
+std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
+                                    int device, PersistentShape* out) {
+  // $LSTM_PERSISTENT_CLUSTER=0 turns the cluster kernels off (for measurement).
+  static const bool off = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_CLUSTER");
+    return v && std::string(v) == "0";
+  }();
+  if (off) return "turned off ($LSTM_PERSISTENT_CLUSTER=0)";
+  PersistentDevice dev;
+  const std::string why = persistent_device(device, &dev);
+  if (!why.empty()) return why;
+  return plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out);
 }
 
 std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size, int64_t groups,
@@ -812,6 +1119,7 @@ PersistentExchange persistent_exchange_for(int64_t B) {
 template <class E>
 void launch_persistent(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
   LSTM_REQUIRE(p.ctas > 0 && p.ctas <= kPersistentMaxCtas, "persistent LSTM: bad plan (" << p.ctas << " CTAs)");
+  if (p.cluster > 0) return launch_cluster_mt<E>(a, groups, p, stream);
   switch (p.units) {
     case 4: return launch_nt<E, 1>(a, groups, p, stream);
     case 8: return launch_nt<E, 2>(a, groups, p, stream);

@@ -22,6 +22,7 @@ namespace lstm::cuda {
 struct PersistentShape {
   int units = 0, ctas = 0, n_tiles = 0;
   size_t smem = 0;
+  int cluster = 0;  // > 0: the cluster kernel, one cluster of this many CTAs per group
 };
 
 // The most groups (layer directions) one launch runs, and CTAs per group (the flag exchange's
@@ -42,6 +43,7 @@ struct PersistentDevice {
   int sms = 0;                // cudaDevAttrMultiProcessorCount
   size_t smem_per_block = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes
   bool cooperative = false;   // cudaDevAttrCooperativeLaunch
+  bool cluster = false;       // cudaDevAttrClusterLaunch
 };
 // Reads them for CUDA device `device`: "" or why not.
 std::string persistent_device(int device, PersistentDevice* out);
@@ -55,6 +57,16 @@ std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout
 // The same on CUDA device `device` (its properties; $LSTM_PERSISTENT_UNITS pins the slice).
 std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
                             int device, PersistentShape* out);
+
+// The cluster kernels (docs/KERNELS.md, "Clusters"): one thread-block cluster of up to 16 CTAs
+// per group holds W_hh in registers and hands h_t over through distributed shared memory, for
+// bf16/fp16, batch <= 8, one layer per launch, no projection. A pure function of the device's
+// properties like plan_persistent; "" and *out filled (cluster > 0), or why not.
+std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size,
+                                    int64_t groups, int64_t B, DType dtype, PersistentShape* out);
+// The same on CUDA device `device` ($LSTM_PERSISTENT_CLUSTER=0 turns them off).
+std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
+                                    int device, PersistentShape* out);
 
 // 64-bit exchange words of one group for T steps of batch B and width W (the group's h): one
 // slot of [B, W] words per step (W/2 rounded up for 16-bit E, which packs two values per word).
