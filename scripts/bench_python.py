@@ -166,8 +166,8 @@ def main():
                         try:
                             torch.backends.cudnn.allow_tf32 = d == "tf32"
                             torch.backends.cuda.matmul.allow_tf32 = d == "tf32"
-                            # Only CPU generators: a failed capture (nn.LSTM's training step) leaves the CUDA
-                            # generator unusable for the rest of the process.
+                            # Only CPU generators: after a failed capture the CUDA generator stays unusable for
+                            # the rest of the process, and the cells after it would fail too.
                             torch.random.default_generator.manual_seed(0)
                             gen = torch.Generator().manual_seed(1)
                             ref = nn.LSTM(c["I"], c["H"], c["L"], bidirectional=c["bidirectional"]).to(dev, tdt[d])

@@ -16,7 +16,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -659,28 +658,12 @@ size_t smem_bytes(int units, int n_tiles, int64_t k_total, size_t esize, int pad
 
 // Whether W goes in registers: bf16/fp16, at least two m-tiles per CTA (8 units; with one, the
 // register kernel measured 7-12% slower than the shared-memory one on the H200, and with two 3-8%
-// faster: docs/KERNELS.md), every warp's share of K within kRegTiles k-tiles (the widest group's
-// K: a wavefront group projecting its input holds [W_ih | W_hh]), and not turned off
-// ($LSTM_PERSISTENT_REGS=0, for measurement).
-template <class E, int MT>
-bool w_in_registers(const PersistentArgs<E>& a, int groups) {
-  if constexpr (sizeof(E) != 2) {
-    return false;
-  } else {
-    static const bool off = [] {
-      const char* v = std::getenv("LSTM_PERSISTENT_REGS");
-      return v && std::string(v) == "0";
-    }();
-    if (off) return false;
-    constexpr int KK = Mma<E>::kK;
-    int k_tiles = 0;
-    for (int g = 0; g < groups; ++g) {
-      const int In = a.group[g].w_ih ? a.group[g].in_size : 0;
-      k_tiles = std::max(k_tiles, (In + KK - 1) / KK + (a.Hout + KK - 1) / KK);
-    }
-    constexpr int WM = kWarps / MT;
-    return (k_tiles + WM - 1) / WM <= kRegTiles;
-  }
+// faster: docs/KERNELS.md), and every warp's share of the widest group's K (k_tiles of 16; a
+// wavefront group projecting its input holds [W_ih | W_hh]) within kRegTiles k-tiles.
+bool w_in_registers(DType dtype, int units, int64_t k_tiles) {
+  if (dtype == DType::F32 || units < 8) return false;
+  const int64_t wm = kWarps / (units / 4);  // warps per m-tile
+  return (k_tiles + wm - 1) / wm <= kRegTiles;
 }
 
 template <class E, int MT, int NT, int KR>
@@ -703,8 +686,9 @@ void launch_kernel(const PersistentArgs<E>& a, int groups, const PersistentShape
 template <class E, int MT, int NT>
 void launch_one(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
   if constexpr (sizeof(E) == 2 && MT >= 2) {
-    if (w_in_registers<E, MT>(a, groups)) return launch_kernel<E, MT, NT, kRegTiles>(a, groups, p, stream);
+    if (p.w_in_registers) return launch_kernel<E, MT, NT, kRegTiles>(a, groups, p, stream);
   }
+  LSTM_REQUIRE(!p.w_in_registers, "persistent LSTM: bad plan (W in registers needs bf16/fp16 and 8+ units)");
   launch_kernel<E, MT, NT, 0>(a, groups, p, stream);
 }
 
@@ -1081,6 +1065,7 @@ std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout
     out->ctas = static_cast<int>(ctas);
     out->n_tiles = nt;
     out->smem = smem;
+    out->w_in_registers = w_in_registers(dtype, units, k_total / kk);
     return "";
   }
   return "hidden size " + std::to_string(H) + " is too large for one CTA per SM: " + last;
@@ -1096,7 +1081,14 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
     const char* v = std::getenv("LSTM_PERSISTENT_UNITS");
     return v ? std::atoi(v) : 0;
   }();
-  return plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, pinned);
+  // $LSTM_PERSISTENT_REGS=0 keeps W in shared memory, for measurement.
+  static const bool regs_off = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_REGS");
+    return v && std::string(v) == "0";
+  }();
+  const std::string plan = plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, pinned);
+  if (plan.empty() && regs_off) out->w_in_registers = false;
+  return plan;
 }
 
 PersistentExchange persistent_exchange_for(int64_t B) {

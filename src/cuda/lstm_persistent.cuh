@@ -1,9 +1,10 @@
 // The persistent recurrence (Algo::Persistent): one kernel launch runs every step of a layer's
 // directions, each CTA holding its slice of W_hh on-chip (shared memory, or registers) for the
 // whole sequence and handing h_t to the others once per step through L2 (tagged words or flags).
-// docs/KERNELS.md ("The persistent backend") has the mapping, the exchange and the limits. Internal to the fused
-// backend (src/cuda/lstm_fused.cu), which does everything around the recurrence: the input
-// projection GEMMs, dropout, the layer loop, what training saves and the whole backward.
+// docs/KERNELS.md ("The persistent backend") has the mapping, the exchange and the limits.
+// Internal to the fused backend (src/cuda/lstm_fused.cu), which does everything around the
+// recurrence: the input projection GEMMs, dropout, the layer loop, what training saves and the
+// whole backward.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,10 +19,13 @@ namespace lstm::cuda {
 
 // How a launch is spread over the GPU: `units` hidden units per CTA (4*units rows of W_hh, and of
 // W_ih for groups that project their input themselves, in its shared memory), `ctas` CTAs per
-// group, `n_tiles` mma tiles of 8 batch rows, `smem` bytes of dynamic shared memory per CTA.
+// group, `n_tiles` mma tiles of 8 batch rows, `smem` bytes of dynamic shared memory per CTA;
+// `w_in_registers`: the warps keep their W tiles in registers rather than reading them from
+// shared memory every step (docs/KERNELS.md, "Mapping").
 struct PersistentShape {
   int units = 0, ctas = 0, n_tiles = 0;
   size_t smem = 0;
+  bool w_in_registers = false;
   int cluster = 0;  // > 0: the cluster kernel, one cluster of this many CTAs per group
 };
 
@@ -54,7 +58,8 @@ std::string persistent_device(int device, PersistentDevice* out);
 // itself (the wavefront). "" and *out filled, or why it cannot run (named limits).
 std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size, int64_t groups,
                             int64_t B, DType dtype, PersistentShape* out, int pinned_units = 0);
-// The same on CUDA device `device` (its properties; $LSTM_PERSISTENT_UNITS pins the slice).
+// The same on CUDA device `device` (its properties; $LSTM_PERSISTENT_UNITS pins the slice,
+// $LSTM_PERSISTENT_REGS=0 keeps W in shared memory).
 std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
                             int device, PersistentShape* out);
 
