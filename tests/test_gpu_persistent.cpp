@@ -1,0 +1,117 @@
+// The persistent backend's kernel variants on the GPU, each shape against the float64 reference:
+// the conformance suite's small shapes (hidden 64) reach only the smallest slice of each kernel,
+// so this runs every slice width the planner hands out (4, 8, 16 and 32 units per CTA), a last
+// CTA with fewer units than the others, both directions at once, variable lengths, h0/c0 and
+// 100+ steps, and checks which kernel ran: the cluster kernels wherever the planner of this device
+// offers them, the grid-wide kernels elsewhere. Without a GPU every test skips and says why.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "lstm_conformance_util.hpp"
+#if LSTM_HAVE_CUDA
+#include "cuda/lstm_persistent.cuh"
+#endif
+
+using namespace lstm;
+using namespace lstm::testing;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t H, T, B;
+  bool bi;
+  std::vector<int64_t> lengths;  // empty: all T
+  bool state;                    // h0 and c0 given
+  int64_t layers = 1;
+};
+
+// Slices of 4 (hidden 40: 10 CTAs), 8 (hidden 100: 13 CTAs, the last with 4 units), 16 and 32
+// units (hidden 256 and 512: 16 CTAs, a non-portable cluster size), two directions of 16 CTAs each,
+// and shapes the cluster kernels do not take (hidden 1024, batch 16, a stack).
+const std::vector<Shape>& shapes() {
+  static const std::vector<Shape> s = {
+      {"h40_b3", 40, 30, 3, false, {}, false},
+      {"h100_b5_bi_varlen", 100, 24, 5, true, {24, 1, 13, 24, 7}, true},
+      {"h256_b8_t120", 256, 120, 8, false, {}, true},
+      {"h512_b8_t120_varlen", 512, 120, 8, false, {120, 64, 1, 119, 120, 2, 90, 33}, false},
+      {"h512_b2_bi_t100", 512, 100, 2, true, {}, true},
+      {"h1024_b1", 1024, 40, 1, false, {}, false},
+      {"h128_b16", 128, 20, 16, false, {}, true},
+      {"h64_l3_b4", 64, 30, 4, false, {30, 9, 1, 22}, true, 3},
+  };
+  return s;
+}
+
+struct Param {
+  Shape shape;
+  Prec prec;
+  bool training;
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& i) {
+  return std::string(i.param.shape.name) + "_" + i.param.prec.name + (i.param.training ? "_training" : "_inference");
+}
+
+std::vector<Param> params() {
+  std::vector<Param> r;
+  for (const Shape& s : shapes())
+    for (const Prec& p : all_precisions())
+      if (p.dtype == DType::BF16 || p.dtype == DType::F16)
+        for (bool training : {false, true}) r.push_back({s, p, training});
+  return r;
+}
+
+class PersistentKernels : public ::testing::TestWithParam<Param> {};
+
+TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
+  LSTM_REQUIRE_GPU();
+#if LSTM_HAVE_CUDA
+  const Param& q = GetParam();
+  const Shape& sh = q.shape;
+  const LstmSpec spec = make_spec(24, sh.H, sh.layers, sh.bi);
+  const Case c{sh.name, spec, sh.T, sh.B, sh.lengths, sh.state, sh.state};
+  const Target t{"persistent", Device::CUDA, q.prec, q.training};
+  const std::string why = case_skip_reason(t, c);
+  ASSERT_EQ(why, "") << "the persistent backend refuses a shape this test is for";
+
+  // What the planner of this device offers: the cluster kernel for a single layer it fits.
+  cuda::PersistentShape cl;
+  const bool cluster = sh.layers == 1 && cuda::plan_persistent_cluster(sh.H, sh.H, 0, spec.directions(), sh.B,
+                                                                       q.prec.dtype, 0, &cl).empty();
+  cuda::PersistentDevice dev;
+  ASSERT_EQ(cuda::persistent_device(0, &dev), "");
+  // On a device like the H200 (clusters, 32 or more SMs, 227 KiB of shared memory), the shapes
+  // below hidden 1024 at batch <= 8 in one layer are the cluster kernel's (unless
+  // $LSTM_PERSISTENT_CLUSTER=0 turned it off for a measurement).
+  const char* off = std::getenv("LSTM_PERSISTENT_CLUSTER");
+  if (dev.cluster && dev.sms >= 32 && dev.smem_per_block >= 227 * 1024 && !(off && std::string(off) == "0")) {
+    EXPECT_EQ(cluster, sh.layers == 1 && sh.H < 1024 && sh.B <= 8);
+  }
+
+  const Problem p = make_problem(c, q.prec.dtype, 0x5eed0000ull + static_cast<uint64_t>(sh.H * 131 + sh.B));
+  auto be = make_target_backend(t, spec, t.options());
+  // Which kernel the forward ran (a training forward saves for the backward, which then names
+  // itself in last_run()).
+  run_backend(*be, p, {q.training, false, 3, false}, t.context());
+  const std::string ran = be->last_run();
+  if (cluster) {
+    EXPECT_EQ(ran.rfind("persistent:cluster", 0), 0u) << ran;
+  } else {
+    EXPECT_EQ(ran.find("cluster"), std::string::npos) << ran;
+    EXPECT_EQ(ran.rfind("persistent", 0), 0u) << ran;
+  }
+  const Result got = run_backend(*be, p, {q.training, false, 3, true}, t.context());
+  compare(got, run_reference(p, q.training), p, q.training, q.prec.tol);
+  std::cout << "[ info     ] " << sh.name << ": " << ran << (cluster ? ", cluster of " + std::to_string(cl.cluster) : "")
+            << "\n";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PersistentKernels, ::testing::ValuesIn(params()), param_name);
+
+}  // namespace
