@@ -9,7 +9,7 @@
 # A CONFIG is a space-free list of KNOB=VALUE pairs joined by commas, for example
 #   skip=57                      LSTM_PERSISTENT_SKIP=57 (bits: docs/KERNELS.md)
 #   exchange=flags,skip=2        LSTM_PERSISTENT_EXCHANGE=flags LSTM_PERSISTENT_SKIP=2
-#   regs=0 | cluster=0 | wavefront=0 | units=8
+#   regs=0 | cluster=0 | csync=barrier | wavefront=0 | units=8
 # Default configurations: the full step, then without the product, the wait, everything but the
 # exchange and its wait, the exchange read alone, and the loop alone. Needs a GPU; without one the
 # benchmark says so and measures nothing. Set DTYPE (default bf16) or CASES to change the cells.
@@ -39,8 +39,9 @@ for cfg in "${configs[@]}"; do
       regs) env_args+=("LSTM_PERSISTENT_REGS=$value") ;;
       cluster) env_args+=("LSTM_PERSISTENT_CLUSTER=$value") ;;
       wavefront) env_args+=("LSTM_PERSISTENT_WAVEFRONT=$value") ;;
+      csync) env_args+=("LSTM_PERSISTENT_CLUSTER_SYNC=$value") ;;
       units) env_args+=("LSTM_PERSISTENT_UNITS=$value") ;;
-      *) echo "bench_persistent: unknown knob '$key' in '$cfg' (skip, exchange, regs, cluster, wavefront, units)" >&2
+      *) echo "bench_persistent: unknown knob '$key' in '$cfg' (skip, exchange, regs, cluster, csync, wavefront, units)" >&2
          exit 2 ;;
     esac
   done

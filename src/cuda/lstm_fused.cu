@@ -899,6 +899,11 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
   a.seq = save ? 1 : 0;
   a.fp32_split = std::is_same_v<E, float> && !allow_tf32_ ? 1 : 0;
   a.skip = skip;
+  static const int cluster_barrier = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_CLUSTER_SYNC");
+    return v && std::string(v) == "barrier" ? 1 : 0;
+  }();
+  a.cluster_barrier = cluster_barrier;
   const bool flags = plan.exchange == PersistentExchange::Flags;
   const size_t flag_bytes = kPersistentMaxGroups * kPersistentMaxCtas * sizeof(unsigned);
   // Group g of a launch: layer l, direction d.

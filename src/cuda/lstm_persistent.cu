@@ -710,16 +710,21 @@ void launch_nt(const PersistentArgs<E>& a, int groups, const PersistentShape& p,
 // ---- The cluster variant ---------------------------------------------------------------------
 // One thread-block cluster per group (a layer direction whose hidden size fits 16 CTAs): rank r
 // owns hidden units [rU, rU + U) with their W_hh rows in its warps' registers; after the cell each
-// CTA writes its h_t values straight into every CTA's shared memory (distributed shared memory),
-// then one cluster barrier ends the step. Nothing of the step goes through global memory but the
-// x-projection reads and the output writes. Hs is double-buffered by step parity: a CTA writes
-// step s's h into the buffer the others read at step s + 1, which they last read at step s - 1,
-// before the barrier that ended it.
+// CTA stores its h_t values straight into every CTA's shared memory (distributed shared memory)
+// with st.async, each store counted in the receiving CTA's transaction barrier (an mbarrier that
+// expects the bytes of a whole h_t), and a CTA starts step t + 1 when its own barrier says the
+// whole h_t has arrived: no cluster-wide barrier and no fence, so the step's global writes (the
+// output, the saved state) are never waited for. Hs is double-buffered by step parity, one
+// transaction barrier per buffer: a CTA writes h_t into the buffer the others read at step t + 1,
+// which they last read at step t - 1, before they sent h_{t-1}, which the writer needed for h_t.
+// ($LSTM_PERSISTENT_CLUSTER_SYNC=barrier ends each step with barrier.cluster instead, for
+// measurement.)
 constexpr int kClusterWarps = 16;
 constexpr int kClusterBlock = kClusterWarps * 32;
 constexpr int kClusterMax = 16;      // CTAs per cluster (non-portable above 8)
 constexpr int kClusterRegTiles = 16;  // k-tiles of W per warp held in registers
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // cluster instructions: sm_90 and later
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -736,15 +741,49 @@ __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned r) {
 __device__ __forceinline__ void st_cluster(unsigned addr, unsigned v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+// A 32-bit store into (another CTA's) shared memory that completes 4 bytes of the transaction
+// barrier `bar` there (both shared::cluster addresses).
+__device__ __forceinline__ void st_async(unsigned addr, unsigned v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr), "r"(v),
+               "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+               "r"(count)
+               : "memory");
+}
+// Arrives once on this CTA's barrier and adds `bytes` to the transactions its phase waits for.
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` of this CTA's barrier has completed.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+      "r"(parity)
+      : "memory");
+}
 // Every thread of every CTA of the cluster: the writes before (to any CTA's shared memory) are
 // visible to the reads after.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+#endif
 
 // MT m-tiles (U = 4 MT units) per CTA; kClusterWarps / MT warps split K for each m-tile.
 template <class E, int MT>
 __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(const PersistentArgs<E> a, int cl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // Clusters are sm_90 and later (the planner offers them only there); the body's instructions
+  // would not even compile for the older targets this file's PTX is embedded for.
+  __trap();
+#else
   constexpr int KK = 16, ROWS = 16 * MT, U = ROWS / 4, NP = 8, RS = ROWS + kRedPad;
   constexpr int WK = kClusterWarps / MT;  // partial sums per value
   constexpr int KR = kClusterRegTiles;
@@ -758,6 +797,8 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   E* Hs = Ws + ROWS * KS;                      // [2][NP, KS]: h_{t-1} by step parity
   float* red = reinterpret_cast<float*>(Hs + 2 * NP * KS);  // [WK][NP][RS]
   float* bias_s = red + WK * NP * RS;                        // [4][U]: b_ih + b_hh of the CTA's units
+  // [2]: the transaction barriers of the two Hs buffers (8-byte aligned: 4 U floats before).
+  auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
   constexpr int kPair = 2;
@@ -771,6 +812,16 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     Ws[i] = v;
   }
   for (int i = tid; i < 2 * NP * KS; i += kClusterBlock) Hs[i] = from_f<E>(0.f);
+  const bool mbar = !a.cluster_barrier;
+  // The bytes of one h_t: every CTA's cell threads send one 32-bit word (two units) per batch row
+  // (U is even; the last CTA may hold fewer units). Recomputed where used: registers are scarce.
+  auto step_bytes = [&] { return static_cast<unsigned>(((cl - 1) * (U / 2) + (H - (cl - 1) * U + 1) / 2) * B * 4); };
+  if (tid == 0 && mbar) {
+    mbar_init(&bars[0], 1);
+    mbar_init(&bars[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_expect(&bars[1], step_bytes());  // h_0, read at step 1
+  }
   __syncthreads();
   const size_t h_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
   const size_t c_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
@@ -825,6 +876,13 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     const int t = d.reverse ? T - 1 - s : s;
     const E* Hcur = Hs + (s & 1) * NP * KS;
     E* Hnext = Hs + ((s + 1) & 1) * NP * KS;
+    if (mbar) {
+      // h_{s-1} is in (buffer s & 1, filled for the ((s - 1) / 2)-th time; step 0 reads h0).
+      if (s > 0) mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
+      // That buffer's next phase: h_{s+1}, read at step s + 2 (it cannot arrive before every CTA
+      // has h_s, so after this thread's wait above).
+      if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes());
+    }
     if (!(a.skip & kSkipProduct)) {
       // Two accumulator chains: consecutive mma instructions do not wait for each other.
       float acc[2][4];
@@ -890,7 +948,13 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       const bool held = d.reverse || active;
       const unsigned word = pack_pair<E>(held ? hcur[0] : from_f<E>(0.f), held ? hcur[1] : from_f<E>(0.f));
       E* slot = Hnext + b * KS + j0 + iu;
-      for (int r = 0; r < cl; ++r) st_cluster(cluster_addr(slot, static_cast<unsigned>(r)), word);
+      if (!mbar) {
+        for (int r = 0; r < cl; ++r) st_cluster(cluster_addr(slot, static_cast<unsigned>(r)), word);
+      } else if (s + 1 < T) {  // h_{T-1} is read by nobody (and a CTA may have left)
+        unsigned long long* bar = &bars[(s + 1) & 1];
+        for (int r = 0; r < cl; ++r)
+          st_async(cluster_addr(slot, static_cast<unsigned>(r)), word, cluster_addr(bar, static_cast<unsigned>(r)));
+      }
       if (!(a.skip & kSkipWrites)) {
         E* y = d.y + (static_cast<size_t>(t) * B + b) * a.ldy + j0 + iu;
 #pragma unroll
@@ -909,8 +973,12 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       }
     }
     load_gx(s + 1);
-    cluster_sync();
+    // With the transaction barriers no CTA-wide barrier is needed here: the next step's product
+    // (which rewrites the partial sums) starts after this CTA's barrier has seen all of h_t,
+    // including every word that this CTA's cell threads sent themselves after reading the sums.
+    if (!mbar) cluster_sync();
   }
+  if (mbar) cluster_sync();  // no CTA leaves while another may still store into it
   if (iv) {
 #pragma unroll
     for (int e = 0; e < kPair; ++e) {
@@ -919,13 +987,15 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       d.c_n[static_cast<size_t>(b) * H + j0 + iu + e] = from_f<E>(cst[e]);
     }
   }
+#endif
 }
 
 size_t cluster_smem_bytes(int units, int64_t H) {
   const size_t KS = static_cast<size_t>((H + 15) / 16 * 16 + 8);
   const int MT = units / 4;
   return (4 * static_cast<size_t>(units) + 2 * 8) * KS * 2 +
-         (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float);
+         (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
+         2 * sizeof(unsigned long long);
 }
 
 template <class E, int MT>

@@ -134,6 +134,9 @@ struct PersistentArgs {
   // Measurement only ($LSTM_PERSISTENT_SKIP, docs/KERNELS.md), results are wrong with it: each
   // bit leaves a stage of the step out (PersistentSkip).
   int skip = 0;
+  // Measurement only ($LSTM_PERSISTENT_CLUSTER_SYNC=barrier): the cluster kernels end each step
+  // with a cluster-wide barrier instead of their per-CTA transaction barriers.
+  int cluster_barrier = 0;
 };
 
 // Launches groups [0, groups) as one cooperative grid (all CTAs resident) on `stream`. Throws
