@@ -16,9 +16,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/cuda_rt.hpp"
 #include "cuda/lstm_cell_math.cuh"
@@ -723,6 +726,9 @@ constexpr int kClusterWarps = 16;
 constexpr int kClusterBlock = kClusterWarps * 32;
 constexpr int kClusterMax = 16;      // CTAs per cluster (non-portable above 8)
 constexpr int kClusterRegTiles = 16;  // k-tiles of W per warp held in registers
+// $LSTM_PERSISTENT_TRACE: per step, the clock at the top of the step, after the wait, after the
+// product, after the CTA barrier, after the cell, after the sends and writes.
+constexpr int kTraceStamps = 6;
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // cluster instructions: sm_90 and later
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -801,6 +807,12 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
+  long long* const trace = a.trace && grp == 0 && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
+                               ? a.trace + (rank == 0 ? 0 : 1) * static_cast<size_t>(T) * kTraceStamps
+                               : nullptr;
+  auto stamp = [&](int s, int k) {
+    if (trace) trace[static_cast<size_t>(s) * kTraceStamps + k] = clock64();
+  };
   constexpr int kPair = 2;
   const int nI = (nU + 1) / 2;
 
@@ -876,6 +888,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     const int t = d.reverse ? T - 1 - s : s;
     const E* Hcur = Hs + (s & 1) * NP * KS;
     E* Hnext = Hs + ((s + 1) & 1) * NP * KS;
+    stamp(s, 0);
     if (mbar) {
       // h_{s-1} is in (buffer s & 1, filled for the ((s - 1) / 2)-th time; step 0 reads h0).
       if (s > 0) mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
@@ -883,6 +896,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       // has h_s, so after this thread's wait above).
       if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes());
     }
+    stamp(s, 1);
     if (!(a.skip & kSkipProduct)) {
       // Two accumulator chains: consecutive mma instructions do not wait for each other.
       float acc[2][4];
@@ -906,7 +920,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       rw[col * RS + row + 8] = acc[0][2] + acc[1][2];
       rw[(col + 1) * RS + row + 8] = acc[0][3] + acc[1][3];
     }
+    stamp(s, 2);
     __syncthreads();
+    stamp(s, 3);
     if (iv) {
       const bool active = t < len;
       if (active && !(a.skip & kSkipCell)) {
@@ -947,6 +963,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       // never read again) into every CTA's next buffer; then the output and the saved state.
       const bool held = d.reverse || active;
       const unsigned word = pack_pair<E>(held ? hcur[0] : from_f<E>(0.f), held ? hcur[1] : from_f<E>(0.f));
+      stamp(s, 4);
       E* slot = Hnext + b * KS + j0 + iu;
       if (!mbar) {
         for (int r = 0; r < cl; ++r) st_cluster(cluster_addr(slot, static_cast<unsigned>(r)), word);
@@ -972,6 +989,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
         }
       }
     }
+    stamp(s, 5);
     load_gx(s + 1);
     // With the transaction barriers no CTA-wide barrier is needed here: the next step's product
     // (which rewrites the partial sums) starts after this CTA's barrier has seen all of h_t,
@@ -998,6 +1016,51 @@ size_t cluster_smem_bytes(int units, int64_t H) {
          2 * sizeof(unsigned long long);
 }
 
+// $LSTM_PERSISTENT_TRACE: runs the launch with clock stamps, waits for it, and prints the
+// median cycles of each stage of a step (steps 16 to T - 16) to stderr. Measurement only.
+template <class E, class K>
+void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArgs<E> a, int cl) {
+  const size_t n = 2 * static_cast<size_t>(a.T) * kTraceStamps;
+  long long* buf = nullptr;
+  LSTM_CUDA_CHECK(cudaMalloc(&buf, n * sizeof(long long)));
+  a.trace = buf;
+  cudaEvent_t e0, e1;
+  LSTM_CUDA_CHECK(cudaEventCreate(&e0));
+  LSTM_CUDA_CHECK(cudaEventCreate(&e1));
+  LSTM_CUDA_CHECK(cudaEventRecord(e0, cfg.stream));
+  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, cl));
+  LSTM_CUDA_CHECK(cudaEventRecord(e1, cfg.stream));
+  std::vector<long long> h(n);
+  LSTM_CUDA_CHECK(cudaMemcpyAsync(h.data(), buf, n * sizeof(long long), cudaMemcpyDeviceToHost, cfg.stream));
+  LSTM_CUDA_CHECK(cudaStreamSynchronize(cfg.stream));
+  float ms = 0.f;
+  LSTM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  LSTM_CUDA_CHECK(cudaFree(buf));
+  LSTM_CUDA_CHECK(cudaEventDestroy(e0));
+  LSTM_CUDA_CHECK(cudaEventDestroy(e1));
+  const char* names[kTraceStamps] = {"wait", "product", "CTA barrier", "cell", "sends+writes", "x-proj load+loop"};
+  for (int c = 0; c < 2; ++c) {
+    std::fprintf(stderr, "persistent trace: T=%d B=%d H=%d, CTA %d of %d, launch %.3f ms, median cycles per step:", a.T,
+                 a.B, a.H, c == 0 ? 0 : cl - 1, cl, ms);
+    const long long* t = h.data() + static_cast<size_t>(c) * a.T * kTraceStamps;
+    long long total = 0;
+    for (int k = 0; k < kTraceStamps; ++k) {
+      std::vector<long long> d;
+      for (int s = 16; s < a.T - 16; ++s) {
+        const long long from = t[static_cast<size_t>(s) * kTraceStamps + k];
+        const long long to = k + 1 < kTraceStamps ? t[static_cast<size_t>(s) * kTraceStamps + k + 1]
+                                                  : t[static_cast<size_t>(s + 1) * kTraceStamps];
+        d.push_back(to - from);
+      }
+      std::nth_element(d.begin(), d.begin() + static_cast<long>(d.size() / 2), d.end());
+      total += d[d.size() / 2];
+      std::fprintf(stderr, " %s %lld,", names[k], d[d.size() / 2]);
+    }
+    const long long span = t[static_cast<size_t>(a.T - 16) * kTraceStamps] - t[16 * kTraceStamps];
+    std::fprintf(stderr, " sum of medians %lld, mean step %lld\n", total, span / (a.T - 32));
+  }
+}
+
 template <class E, int MT>
 void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
   auto kernel = persistent_cluster_kernel<E, MT>;
@@ -1021,7 +1084,14 @@ void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShap
   LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
   LSTM_REQUIRE(clusters >= 1, "persistent LSTM: the device cannot place a cluster of " << p.cluster << " CTAs with "
                                                                                        << p.smem << " bytes of shared memory each");
-  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.cluster));
+  static const bool trace = std::getenv("LSTM_PERSISTENT_TRACE") != nullptr;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LSTM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (!trace || capturing != cudaStreamCaptureStatusNone || a.T < 64) {
+    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.cluster));
+    return;
+  }
+  trace_cluster_launch(cfg, kernel, a, p.cluster);
 }
 
 template <class E>

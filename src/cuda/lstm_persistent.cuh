@@ -137,6 +137,9 @@ struct PersistentArgs {
   // Measurement only ($LSTM_PERSISTENT_CLUSTER_SYNC=barrier): the cluster kernels end each step
   // with a cluster-wide barrier instead of their per-CTA transaction barriers.
   int cluster_barrier = 0;
+  // Measurement only ($LSTM_PERSISTENT_TRACE=1, set by the launch): clock stamps of each step's
+  // stages in the first and last CTA of group 0's cluster (kTraceStamps per step).
+  long long* trace = nullptr;
 };
 
 // Launches groups [0, groups) as one cooperative grid (all CTAs resident) on `stream`. Throws
