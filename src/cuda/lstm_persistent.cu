@@ -727,7 +727,7 @@ constexpr int kClusterBlock = kClusterWarps * 32;
 constexpr int kClusterMax = 16;      // CTAs per cluster (non-portable above 8)
 constexpr int kClusterRegTiles = 16;  // k-tiles of W per warp held in registers
 // $LSTM_PERSISTENT_TRACE: per step, the clock at the top of the step, after the wait, after the
-// product, after the CTA barrier, after the cell, after the sends and writes.
+// product, after the CTA barrier, after the cell, after the sends.
 constexpr int kTraceStamps = 6;
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // cluster instructions: sm_90 and later
@@ -759,18 +759,40 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
                "r"(count)
                : "memory");
 }
-// Arrives once on this CTA's barrier and adds `bytes` to the transactions its phase waits for.
+// Arrives once on this CTA's barrier and adds `bytes` to the transactions its phase waits for
+// (relaxed: the arrival publishes nothing, and a release would wait for this thread's global
+// writes).
 __device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+  asm volatile("mbarrier.arrive.expect_tx.relaxed.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
                    static_cast<unsigned>(__cvta_generic_to_shared(bar))),
                "r"(bytes)
                : "memory");
 }
-// Waits until the phase of parity `parity` of this CTA's barrier has completed.
+__device__ __forceinline__ void st_async2(unsigned addr, uint2 v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(addr),
+               "r"(v.x), "r"(v.y), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void st_async4(unsigned addr, uint4 v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+                   addr),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void st_cluster2(unsigned addr, uint2 v) {
+  asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void st_cluster4(unsigned addr, uint4 v) {
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// Waits until the phase of parity `parity` of this CTA's barrier has completed; the stores that
+// completed its transactions are visible after (CTA scope is enough for them, as for TMA: a
+// cluster-scope acquire would also invalidate this SM's L1).
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
       "r"(parity)
       : "memory");
@@ -805,6 +827,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   float* bias_s = red + WK * NP * RS;                        // [4][U]: b_ih + b_hh of the CTA's units
   // [2]: the transaction barriers of the two Hs buffers (8-byte aligned: 4 U floats before).
   auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
+  unsigned* stage = reinterpret_cast<unsigned*>(bars + 2);  // [NP][U / 2]: this CTA's h_t, two units a word
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
   long long* const trace = a.trace && grp == 0 && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
@@ -815,6 +838,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   };
   constexpr int kPair = 2;
   const int nI = (nU + 1) / 2;
+  // The sends move VW words at a time (16-byte stores need U % 8 == 0 for alignment); nC chunks
+  // of a batch row.
+  const int VW = U % 8 == 0 && nI % 4 == 0 ? 4 : nI % 2 == 0 ? 2 : 1, nC = nI / VW;
 
   for (int i = tid; i < ROWS * KS; i += kClusterBlock) {
     const int r = i / KS, col = i - r * KS;
@@ -960,40 +986,63 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
         }
       }
       // h_t (or, for a reverse row not yet started, h0; a finished forward row publishes zero,
-      // never read again) into every CTA's next buffer; then the output and the saved state.
+      // never read again) into the staging buffer the senders read.
       const bool held = d.reverse || active;
-      const unsigned word = pack_pair<E>(held ? hcur[0] : from_f<E>(0.f), held ? hcur[1] : from_f<E>(0.f));
-      stamp(s, 4);
-      E* slot = Hnext + b * KS + j0 + iu;
-      if (!mbar) {
-        for (int r = 0; r < cl; ++r) st_cluster(cluster_addr(slot, static_cast<unsigned>(r)), word);
-      } else if (s + 1 < T) {  // h_{T-1} is read by nobody (and a CTA may have left)
-        unsigned long long* bar = &bars[(s + 1) & 1];
-        for (int r = 0; r < cl; ++r)
-          st_async(cluster_addr(slot, static_cast<unsigned>(r)), word, cluster_addr(bar, static_cast<unsigned>(r)));
-      }
-      if (!(a.skip & kSkipWrites)) {
-        E* y = d.y + (static_cast<size_t>(t) * B + b) * a.ldy + j0 + iu;
-#pragma unroll
-        for (int e = 0; e < kPair; ++e)
-          if (iu + e < nU) y[e] = active ? hcur[e] : from_f<E>(0.f);
-        if (a.seq) {
-          E* h_out = d.h + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
-          float* c_out = d.c + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
-#pragma unroll
-          for (int e = 0; e < kPair; ++e) {
-            if (iu + e >= nU) continue;
-            h_out[j0 + iu + e] = hcur[e];
-            c_out[j0 + iu + e] = cst[e];
-          }
+      stage[b * (U / 2) + iu / 2] = pack_pair<E>(held ? hcur[0] : from_f<E>(0.f), held ? hcur[1] : from_f<E>(0.f));
+    }
+    stamp(s, 4);
+    __syncthreads();
+    // The sends, spread over all threads: chunk i of the CTA's h_t (VW words of one batch row) to
+    // rank i / (B * nC), so that no thread issues more than a few (at batch 1: one each).
+    if (s + 1 < T || !mbar) {  // with the transaction barriers h_{T-1} goes nowhere (a CTA may have left)
+      unsigned long long* bar = &bars[(s + 1) & 1];
+      for (int i = tid; i < cl * B * nC; i += kClusterBlock) {
+        const int r = i / (B * nC), rest = i - r * (B * nC), row = rest / nC, c = rest - row * nC;
+        const unsigned* src = stage + row * (U / 2) + c * VW;
+        const unsigned dst = cluster_addr(Hnext + row * KS + j0 + 2 * c * VW, static_cast<unsigned>(r));
+        if (VW == 4) {
+          const uint4 v = *reinterpret_cast<const uint4*>(src);
+          if (mbar)
+            st_async4(dst, v, cluster_addr(bar, static_cast<unsigned>(r)));
+          else
+            st_cluster4(dst, v);
+        } else if (VW == 2) {
+          const uint2 v = *reinterpret_cast<const uint2*>(src);
+          if (mbar)
+            st_async2(dst, v, cluster_addr(bar, static_cast<unsigned>(r)));
+          else
+            st_cluster2(dst, v);
+        } else {
+          if (mbar)
+            st_async(dst, *src, cluster_addr(bar, static_cast<unsigned>(r)));
+          else
+            st_cluster(dst, *src);
         }
       }
     }
     stamp(s, 5);
+    // Then the output and the saved state (off the critical path: the next wait absorbs them).
+    if (iv && !(a.skip & kSkipWrites)) {
+      const bool active = t < len;
+      E* y = d.y + (static_cast<size_t>(t) * B + b) * a.ldy + j0 + iu;
+#pragma unroll
+      for (int e = 0; e < kPair; ++e)
+        if (iu + e < nU) y[e] = active ? hcur[e] : from_f<E>(0.f);
+      if (a.seq) {
+        E* h_out = d.h + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
+        float* c_out = d.c + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
+#pragma unroll
+        for (int e = 0; e < kPair; ++e) {
+          if (iu + e >= nU) continue;
+          h_out[j0 + iu + e] = hcur[e];
+          c_out[j0 + iu + e] = cst[e];
+        }
+      }
+    }
     load_gx(s + 1);
     // With the transaction barriers no CTA-wide barrier is needed here: the next step's product
-    // (which rewrites the partial sums) starts after this CTA's barrier has seen all of h_t,
-    // including every word that this CTA's cell threads sent themselves after reading the sums.
+    // (which rewrites the partial sums) and cell (which rewrites the staging buffer) start after
+    // the barrier above, which every sender passed after reading the sums and before its sends.
     if (!mbar) cluster_sync();
   }
   if (mbar) cluster_sync();  // no CTA leaves while another may still store into it
@@ -1013,7 +1062,7 @@ size_t cluster_smem_bytes(int units, int64_t H) {
   const int MT = units / 4;
   return (4 * static_cast<size_t>(units) + 2 * 8) * KS * 2 +
          (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
-         2 * sizeof(unsigned long long);
+         2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units / 2) * sizeof(unsigned);
 }
 
 // $LSTM_PERSISTENT_TRACE: runs the launch with clock stamps, waits for it, and prints the
@@ -1038,7 +1087,7 @@ void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArg
   LSTM_CUDA_CHECK(cudaFree(buf));
   LSTM_CUDA_CHECK(cudaEventDestroy(e0));
   LSTM_CUDA_CHECK(cudaEventDestroy(e1));
-  const char* names[kTraceStamps] = {"wait", "product", "CTA barrier", "cell", "sends+writes", "x-proj load+loop"};
+  const char* names[kTraceStamps] = {"wait", "product", "CTA barrier", "cell", "barrier+sends", "writes+x-proj load+loop"};
   for (int c = 0; c < 2; ++c) {
     std::fprintf(stderr, "persistent trace: T=%d B=%d H=%d, CTA %d of %d, launch %.3f ms, median cycles per step:", a.T,
                  a.B, a.H, c == 0 ? 0 : cl - 1, cl, ms);
