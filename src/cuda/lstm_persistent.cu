@@ -280,20 +280,26 @@ __device__ __forceinline__ void copy_h_to_shared(E* Hs, const E* __restrict__ h,
 }
 
 // The gate activations: F32 keeps the accurate expf/tanhf (held to 1e-5 against the float64
-// reference); bf16/fp16 use the hardware exp2 (__expf, a few ulp of fp32), far below their own
-// rounding, which takes the cell off the step's critical path. tanh(x) = 2 sigmoid(2x) - 1 (an
-// absolute error of a few 1e-7).
+// reference); bf16/fp16 use the hardware tanh (tanh.approx.f32: one MUFU instruction, a relative
+// error of about 2^-11, at or below the rounding of their own results), and sigmoid(x) =
+// (1 + tanh(x / 2)) / 2, which takes the cell's activations to one MUFU instruction each on the
+// step's critical path.
+__device__ __forceinline__ float tanh_fast(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 template <class E> __device__ __forceinline__ float act_sigmoid(float x) {
   if constexpr (std::is_same_v<E, float>)
     return sigmoid(x);
   else
-    return __fdividef(1.f, 1.f + __expf(-x));
+    return fmaf(0.5f, tanh_fast(0.5f * x), 0.5f);
 }
 template <class E> __device__ __forceinline__ float act_tanh(float x) {
   if constexpr (std::is_same_v<E, float>)
     return tanhf(x);
   else
-    return 2.f * __fdividef(1.f, 1.f + __expf(-2.f * x)) - 1.f;
+    return tanh_fast(x);
 }
 
 // Relaxed 64-bit accesses of the exchange words (data and step tag in one single-copy-atomic
@@ -725,7 +731,9 @@ void launch_nt(const PersistentArgs<E>& a, int groups, const PersistentShape& p,
 constexpr int kClusterWarps = 16;
 constexpr int kClusterBlock = kClusterWarps * 32;
 constexpr int kClusterMax = 16;      // CTAs per cluster (non-portable above 8)
-constexpr int kClusterRegTiles = 16;  // k-tiles of W per warp held in registers
+// k-tiles of W each warp holds in registers, by m-tiles per CTA (MT): the planner's smallest slice
+// for each hidden size needs 1 (hidden <= 128), 4 (<= 256) or 16 (<= 512).
+__host__ __device__ constexpr int cluster_tiles(int mt) { return mt >= 8 ? 16 : mt >= 4 ? 4 : 1; }
 // $LSTM_PERSISTENT_TRACE: per step, the clock at the top of the step, after the wait, after the
 // product, after the CTA barrier, after the cell, after the sends.
 constexpr int kTraceStamps = 6;
@@ -744,16 +752,6 @@ __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned r) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(a), "r"(r));
   return out;
 }
-__device__ __forceinline__ void st_cluster(unsigned addr, unsigned v) {
-  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-// A 32-bit store into (another CTA's) shared memory that completes 4 bytes of the transaction
-// barrier `bar` there (both shared::cluster addresses).
-__device__ __forceinline__ void st_async(unsigned addr, unsigned v, unsigned bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr), "r"(v),
-               "r"(bar)
-               : "memory");
-}
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
                "r"(count)
@@ -768,6 +766,8 @@ __device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned by
                "r"(bytes)
                : "memory");
 }
+// Stores into (another CTA's) shared memory that complete their bytes of the transaction barrier
+// `bar` there (both shared::cluster addresses)...
 __device__ __forceinline__ void st_async2(unsigned addr, uint2 v, unsigned bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(addr),
                "r"(v.x), "r"(v.y), "r"(bar)
@@ -779,6 +779,7 @@ __device__ __forceinline__ void st_async4(unsigned addr, uint4 v, unsigned bar) 
                "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
                : "memory");
 }
+// ... and plain ones (the barrier.cluster variant).
 __device__ __forceinline__ void st_cluster2(unsigned addr, uint2 v) {
   asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
 }
@@ -804,7 +805,17 @@ __device__ __forceinline__ void cluster_sync() {
 }
 #endif
 
-// MT m-tiles (U = 4 MT units) per CTA; kClusterWarps / MT warps split K for each m-tile.
+// The width of a cluster's shared h buffers: the hidden units rounded up to whole k-tiles and to
+// whole slices (every CTA sends a whole slice), plus the bank-conflict padding.
+__host__ __device__ constexpr int cluster_ks(int H, int U) {
+  const int kh = (H + 15) / 16 * 16, kw = (H + U - 1) / U * U;
+  return (kh > kw ? kh : kw) + 8;
+}
+
+// MT m-tiles (U = 4 MT units) per CTA; kClusterWarps / MT warps split K for each m-tile, each
+// holding up to cluster_tiles(MT) k-tiles of W in registers. Every thread of the first U B does
+// the cell of one (unit, batch row); after it every CTA's h_t goes to every CTA, one 16-byte (8-byte
+// for U = 4) st.async per thread at most.
 template <class E, int MT>
 __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(const PersistentArgs<E> a, int cl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -814,12 +825,15 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
 #else
   constexpr int KK = 16, ROWS = 16 * MT, U = ROWS / 4, NP = 8, RS = ROWS + kRedPad;
   constexpr int WK = kClusterWarps / MT;  // partial sums per value
-  constexpr int KR = kClusterRegTiles;
+  constexpr int NT = cluster_tiles(MT);   // k-tiles per warp, at most
+  constexpr int NC = MT >= 8 ? 2 : NT < 4 ? NT : 4;  // accumulator chains
+  constexpr int VW = U == 4 ? 2 : 4;      // 32-bit words per send (alignment: a slice is U * 2 bytes)
+  constexpr int NCH = U / 2 / VW;         // sends per batch row and destination
   const int grp = blockIdx.x / cl;
   const unsigned rank = cluster_rank();
   const PersistentGroup<E>& d = a.group[grp];
   const int H = a.H, B = a.B, T = a.T;
-  const int Kh = (H + KK - 1) / KK * KK, KS = Kh + Mma<E>::kPad, KT = Kh / KK;
+  const int KS = cluster_ks(H, U), KT = (H + KK - 1) / KK;
   extern __shared__ __align__(16) unsigned char smem[];
   E* Ws = reinterpret_cast<E*>(smem);        // [ROWS, KS], read once into registers
   E* Hs = Ws + ROWS * KS;                      // [2][NP, KS]: h_{t-1} by step parity
@@ -827,7 +841,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   float* bias_s = red + WK * NP * RS;                        // [4][U]: b_ih + b_hh of the CTA's units
   // [2]: the transaction barriers of the two Hs buffers (8-byte aligned: 4 U floats before).
   auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
-  unsigned* stage = reinterpret_cast<unsigned*>(bars + 2);  // [NP][U / 2]: this CTA's h_t, two units a word
+  E* stage = reinterpret_cast<E*>(bars + 2);  // [NP][U]: this CTA's h_t, what it sends
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
   long long* const trace = a.trace && grp == 0 && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
@@ -836,11 +850,6 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   auto stamp = [&](int s, int k) {
     if (trace) trace[static_cast<size_t>(s) * kTraceStamps + k] = clock64();
   };
-  constexpr int kPair = 2;
-  const int nI = (nU + 1) / 2;
-  // The sends move VW words at a time (16-byte stores need U % 8 == 0 for alignment); nC chunks
-  // of a batch row.
-  const int VW = U % 8 == 0 && nI % 4 == 0 ? 4 : nI % 2 == 0 ? 2 : 1, nC = nI / VW;
 
   for (int i = tid; i < ROWS * KS; i += kClusterBlock) {
     const int r = i / KS, col = i - r * KS;
@@ -850,62 +859,62 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     Ws[i] = v;
   }
   for (int i = tid; i < 2 * NP * KS; i += kClusterBlock) Hs[i] = from_f<E>(0.f);
+  for (int i = tid; i < WK * NP * RS; i += kClusterBlock) red[i] = 0.f;  // warps without k-tiles never write theirs
+  for (int i = tid; i < NP * U; i += kClusterBlock) stage[i] = from_f<E>(0.f);
+  for (int i = tid; i < 4 * U; i += kClusterBlock) {
+    const int gate = i / U, u = i - gate * U, j = j0 + u;
+    bias_s[i] = u < nU && d.b_ih ? to_f(d.b_ih[gate * H + j]) + to_f(d.b_hh[gate * H + j]) : 0.f;
+  }
   const bool mbar = !a.cluster_barrier;
-  // The bytes of one h_t: every CTA's cell threads send one 32-bit word (two units) per batch row
-  // (U is even; the last CTA may hold fewer units). Recomputed where used: registers are scarce.
-  auto step_bytes = [&] { return static_cast<unsigned>(((cl - 1) * (U / 2) + (H - (cl - 1) * U + 1) / 2) * B * 4); };
+  // The bytes of one h_t: every CTA sends its whole slice of every batch row.
+  const unsigned step_bytes = static_cast<unsigned>(cl * B * U) * sizeof(E);
   if (tid == 0 && mbar) {
     mbar_init(&bars[0], 1);
     mbar_init(&bars[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    mbar_expect(&bars[1], step_bytes());  // h_0, read at step 1
+    mbar_expect(&bars[1], step_bytes);  // h_0, read at step 1
   }
   __syncthreads();
   const size_t h_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
   const size_t c_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
   copy_h_to_shared(Hs, d.h + h_first, B, H, KS);  // h0 into buffer 0 (every CTA its own copy)
-  // Warp w: m-tile w % MT, k-tiles [kb, ke) of its share w / MT.
+  // Warp w: m-tile w % MT, k-tiles [kb, ke) of its share w / MT (ke - kb <= NT: the planner).
   const int m = warp % MT, kp = warp / MT;
   const int kb = kp * KT / WK, ke = (kp + 1) * KT / WK;
-  unsigned afr[KR][4];
+  unsigned afr[NT][4];
 #pragma unroll
-  for (int i = 0; i < KR; ++i) {
+  for (int i = 0; i < NT; ++i) {
     if (kb + i < ke)
       ldsm_x4(afr[i], Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
     else
-      afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;
+      afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;  // a zero tile: its product adds nothing
   }
-
-  // The biases in shared memory (registers are scarce here).
-  for (int i = tid; i < 4 * U; i += kClusterBlock) {
-    const int gate = i / U, u = i - gate * U, j = j0 + u;
-    bias_s[i] = u < nU && d.b_ih ? to_f(d.b_ih[gate * H + j]) + to_f(d.b_hh[gate * H + j]) : 0.f;
+  // This thread's send: chunk c (VW words) of batch row `row` to rank r, the same chunk of the
+  // same buffer every step (the parity's buffer and barrier are an offset away).
+  const bool sender = tid < cl * B * NCH;
+  unsigned send_dst = 0, send_bar = 0;
+  const E* send_src = stage;
+  if (sender) {
+    const int r = tid / (B * NCH), rest = tid - r * (B * NCH), row = rest / NCH, c = rest - row * NCH;
+    send_dst = cluster_addr(Hs + row * KS + j0 + c * VW * 2, static_cast<unsigned>(r));
+    send_bar = cluster_addr(bars, static_cast<unsigned>(r));
+    send_src = stage + row * U + c * VW * 2;
   }
-  // This thread's cell item: batch row b, units j0 + iu, j0 + iu + 1.
-  const bool iv = tid < nI * B;
-  const int b = iv ? tid % B : 0, iu = iv ? (tid / B) * kPair : 0;
-  float cst[kPair];
-  E hcur[kPair];
-#pragma unroll
-  for (int e = 0; e < kPair; ++e) {
-    const bool on = iv && iu + e < nU;
-    const int j = j0 + iu + e;
-    cst[e] = on ? d.c[c_first + static_cast<size_t>(b) * H + j] : 0.f;
-    hcur[e] = on ? d.h[h_first + static_cast<size_t>(b) * H + j] : from_f<E>(0.f);
-  }
+  // This thread's cell item: batch row b of unit j0 + u.
+  const bool iv = tid < nU * B;
+  const int b = iv ? tid % B : 0, u = iv ? tid / B : 0, j = j0 + u;
+  float cst = iv ? d.c[c_first + static_cast<size_t>(b) * H + j] : 0.f;
+  E hcur = iv ? d.h[h_first + static_cast<size_t>(b) * H + j] : from_f<E>(0.f);
   const int len = iv ? a.len[b] : 0;
-  // The x-projection values of the next step, loaded at the end of a step (so their latency
-  // passes during the barrier and the product; one set of registers, which are scarce here).
-  float gx[kPair][4];
+  // The x-projection values of the next step, loaded at the end of a step (their latency passes
+  // during the wait and the product).
+  float gx[4];
   auto load_gx = [&](int s_load) {
     const int t_load = d.reverse ? T - 1 - s_load : s_load;
+    const bool on = iv && s_load < T && !(a.skip & kSkipGates);
+    const float* g = d.gates + (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
 #pragma unroll
-    for (int e = 0; e < kPair; ++e)
-#pragma unroll
-      for (int gate = 0; gate < 4; ++gate)
-        gx[e][gate] = iv && iu + e < nU && s_load < T && !(a.skip & kSkipGates)
-                          ? d.gates[(static_cast<size_t>(t_load) * B + b) * 4 * H + j0 + iu + e + gate * H]
-                          : 0.f;
+    for (int gate = 0; gate < 4; ++gate) gx[gate] = on ? g[gate * H] : 0.f;
   };
   load_gx(0);
   cluster_sync();  // every CTA started and its buffers zeroed before anyone writes into them
@@ -913,38 +922,57 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   for (int s = 0; s < T; ++s) {
     const int t = d.reverse ? T - 1 - s : s;
     const E* Hcur = Hs + (s & 1) * NP * KS;
-    E* Hnext = Hs + ((s + 1) & 1) * NP * KS;
     stamp(s, 0);
     if (mbar) {
       // h_{s-1} is in (buffer s & 1, filled for the ((s - 1) / 2)-th time; step 0 reads h0).
       if (s > 0) mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
       // That buffer's next phase: h_{s+1}, read at step s + 2 (it cannot arrive before every CTA
       // has h_s, so after this thread's wait above).
-      if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes());
+      if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes);
     }
     stamp(s, 1);
-    if (!(a.skip & kSkipProduct)) {
-      // Two accumulator chains: consecutive mma instructions do not wait for each other.
-      float acc[2][4];
+    if (ke > kb && !(a.skip & kSkipProduct)) {
+      float acc[NC][4];
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
+      for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+      const E* hrow = Hcur + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
+      if constexpr (NT == 1) {
+        unsigned bf[2];
+        ldsm_x2(bf, hrow + kb * KK);
+        mma_16816<E>(acc[0], afr[0], bf);
+      } else {
+        // Two k-tiles per ldmatrix (lanes 16-31 address the second; past the warp's last tile
+        // they re-read it, against a zero tile of W), four tiles loaded before their products.
 #pragma unroll
-      for (int i = 0; i < KR; ++i) {
-        if (kb + i < ke) {
-          unsigned bf[2];
-          ldsm_x2(bf, Hcur + (lane & 7) * KS + (kb + i) * KK + ((lane >> 3) & 1) * 8);
-          mma_16816<E>(acc[i & 1], afr[i], bf);
+        for (int i0 = 0; i0 < NT; i0 += 4) {
+          unsigned bf[4][2];
+#pragma unroll
+          for (int q = 0; q < 4; q += 2) {
+            const int tile = min(kb + i0 + q + (lane >> 4), ke - 1);
+            unsigned r4[4];
+            ldsm_x4(r4, hrow + tile * KK);
+            bf[q][0] = r4[0];
+            bf[q][1] = r4[1];
+            bf[q + 1][0] = r4[2];
+            bf[q + 1][1] = r4[3];
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
         }
       }
+#pragma unroll
+      for (int c = 1; c < NC; ++c)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
       const int g = lane >> 2, tq = lane & 3;
       float* rw = red + kp * NP * RS;
       const int row = m * 16 + g, col = 2 * tq;
-      rw[col * RS + row] = acc[0][0] + acc[1][0];
-      rw[(col + 1) * RS + row] = acc[0][1] + acc[1][1];
-      rw[col * RS + row + 8] = acc[0][2] + acc[1][2];
-      rw[(col + 1) * RS + row + 8] = acc[0][3] + acc[1][3];
+      rw[col * RS + row] = acc[0][0];
+      rw[(col + 1) * RS + row] = acc[0][1];
+      rw[col * RS + row + 8] = acc[0][2];
+      rw[(col + 1) * RS + row + 8] = acc[0][3];
     }
     stamp(s, 2);
     __syncthreads();
@@ -952,117 +980,82 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     if (iv) {
       const bool active = t < len;
       if (active && !(a.skip & kSkipCell)) {
-        float sums[kPair][4];
+        float pre[4];
 #pragma unroll
         for (int gate = 0; gate < 4; ++gate) {
-          float2 v = make_float2(0.f, 0.f);
-          const float* rp = red + b * RS + gate * U + iu;
+          const float* rp = red + b * RS + gate * U + u;
+          float v = gx[gate] + bias_s[gate * U + u];
 #pragma unroll
-          for (int w = 0; w < WK; ++w) {
-            const float2 p = *reinterpret_cast<const float2*>(rp + w * NP * RS);
-            v.x += p.x;
-            v.y += p.y;
-          }
-          sums[0][gate] = v.x;
-          sums[1][gate] = v.y;
+          for (int w = 0; w < WK; ++w) v += rp[w * NP * RS];
+          pre[gate] = v;
         }
-#pragma unroll
-        for (int e = 0; e < kPair; ++e) {
-          if (iu + e >= nU) continue;
-          float pre[4];
-#pragma unroll
-          for (int gate = 0; gate < 4; ++gate) pre[gate] = gx[e][gate] + bias_s[gate * U + iu + e] + sums[e][gate];
-          const float ig = act_sigmoid<E>(pre[0]), fg = act_sigmoid<E>(pre[1]), gg = act_tanh<E>(pre[2]),
-                      og = act_sigmoid<E>(pre[3]);
-          cst[e] = fg * cst[e] + ig * gg;
-          hcur[e] = from_f<E>(og * act_tanh<E>(cst[e]));
-          if (a.seq) {
-            float* gp = d.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j0 + iu + e;
-            gp[0] = ig;
-            gp[H] = fg;
-            gp[2 * H] = gg;
-            gp[3 * H] = og;
-          }
+        const float ig = act_sigmoid<E>(pre[0]), fg = act_sigmoid<E>(pre[1]), gg = act_tanh<E>(pre[2]),
+                    og = act_sigmoid<E>(pre[3]);
+        cst = fg * cst + ig * gg;
+        hcur = from_f<E>(og * act_tanh<E>(cst));
+        if (a.seq) {
+          float* gp = d.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j;
+          gp[0] = ig;
+          gp[H] = fg;
+          gp[2 * H] = gg;
+          gp[3 * H] = og;
         }
       }
       // h_t (or, for a reverse row not yet started, h0; a finished forward row publishes zero,
       // never read again) into the staging buffer the senders read.
-      const bool held = d.reverse || active;
-      stage[b * (U / 2) + iu / 2] = pack_pair<E>(held ? hcur[0] : from_f<E>(0.f), held ? hcur[1] : from_f<E>(0.f));
+      stage[b * U + u] = d.reverse || active ? hcur : from_f<E>(0.f);
     }
     stamp(s, 4);
     __syncthreads();
-    // The sends, spread over all threads: chunk i of the CTA's h_t (VW words of one batch row) to
-    // rank i / (B * nC), so that no thread issues more than a few (at batch 1: one each).
-    if (s + 1 < T || !mbar) {  // with the transaction barriers h_{T-1} goes nowhere (a CTA may have left)
-      unsigned long long* bar = &bars[(s + 1) & 1];
-      for (int i = tid; i < cl * B * nC; i += kClusterBlock) {
-        const int r = i / (B * nC), rest = i - r * (B * nC), row = rest / nC, c = rest - row * nC;
-        const unsigned* src = stage + row * (U / 2) + c * VW;
-        const unsigned dst = cluster_addr(Hnext + row * KS + j0 + 2 * c * VW, static_cast<unsigned>(r));
-        if (VW == 4) {
-          const uint4 v = *reinterpret_cast<const uint4*>(src);
-          if (mbar)
-            st_async4(dst, v, cluster_addr(bar, static_cast<unsigned>(r)));
-          else
-            st_cluster4(dst, v);
-        } else if (VW == 2) {
-          const uint2 v = *reinterpret_cast<const uint2*>(src);
-          if (mbar)
-            st_async2(dst, v, cluster_addr(bar, static_cast<unsigned>(r)));
-          else
-            st_cluster2(dst, v);
-        } else {
-          if (mbar)
-            st_async(dst, *src, cluster_addr(bar, static_cast<unsigned>(r)));
-          else
-            st_cluster(dst, *src);
-        }
+    if (sender && (s + 1 < T || !mbar)) {  // with the transaction barriers h_{T-1} goes nowhere (a CTA may have left)
+      const unsigned parity = static_cast<unsigned>((s + 1) & 1);
+      const unsigned dst = send_dst + parity * NP * KS * static_cast<unsigned>(sizeof(E));
+      const unsigned bar = send_bar + parity * static_cast<unsigned>(sizeof(unsigned long long));
+      if constexpr (VW == 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(send_src);
+        if (mbar)
+          st_async4(dst, v, bar);
+        else
+          st_cluster4(dst, v);
+      } else {
+        const uint2 v = *reinterpret_cast<const uint2*>(send_src);
+        if (mbar)
+          st_async2(dst, v, bar);
+        else
+          st_cluster2(dst, v);
       }
     }
     stamp(s, 5);
     // Then the output and the saved state (off the critical path: the next wait absorbs them).
     if (iv && !(a.skip & kSkipWrites)) {
       const bool active = t < len;
-      E* y = d.y + (static_cast<size_t>(t) * B + b) * a.ldy + j0 + iu;
-#pragma unroll
-      for (int e = 0; e < kPair; ++e)
-        if (iu + e < nU) y[e] = active ? hcur[e] : from_f<E>(0.f);
+      d.y[(static_cast<size_t>(t) * B + b) * a.ldy + j] = active ? hcur : from_f<E>(0.f);
       if (a.seq) {
-        E* h_out = d.h + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
-        float* c_out = d.c + static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H;
-#pragma unroll
-        for (int e = 0; e < kPair; ++e) {
-          if (iu + e >= nU) continue;
-          h_out[j0 + iu + e] = hcur[e];
-          c_out[j0 + iu + e] = cst[e];
-        }
+        const size_t slot = static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H + j;
+        d.h[slot] = hcur;
+        d.c[slot] = cst;
       }
     }
     load_gx(s + 1);
     // With the transaction barriers no CTA-wide barrier is needed here: the next step's product
     // (which rewrites the partial sums) and cell (which rewrites the staging buffer) start after
-    // the barrier above, which every sender passed after reading the sums and before its sends.
+    // the barrier above, which every sender passed after reading the sums and before its send.
     if (!mbar) cluster_sync();
   }
   if (mbar) cluster_sync();  // no CTA leaves while another may still store into it
   if (iv) {
-#pragma unroll
-    for (int e = 0; e < kPair; ++e) {
-      if (iu + e >= nU) continue;
-      d.h_n[static_cast<size_t>(b) * H + j0 + iu + e] = hcur[e];
-      d.c_n[static_cast<size_t>(b) * H + j0 + iu + e] = from_f<E>(cst[e]);
-    }
+    d.h_n[static_cast<size_t>(b) * H + j] = hcur;
+    d.c_n[static_cast<size_t>(b) * H + j] = from_f<E>(cst);
   }
 #endif
 }
 
 size_t cluster_smem_bytes(int units, int64_t H) {
-  const size_t KS = static_cast<size_t>((H + 15) / 16 * 16 + 8);
+  const size_t KS = static_cast<size_t>(cluster_ks(static_cast<int>(H), units));
   const int MT = units / 4;
   return (4 * static_cast<size_t>(units) + 2 * 8) * KS * 2 +
          (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
-         2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units / 2) * sizeof(unsigned);
+         2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units) * 2;
 }
 
 // $LSTM_PERSISTENT_TRACE: runs the launch with clock stamps, waits for it, and prints the
@@ -1189,7 +1182,7 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     const int64_t cl = (H + units - 1) / units;
     if (cl > kClusterMax) continue;
     const int wk = kClusterWarps / (units / 4);
-    if ((k_tiles + wk - 1) / wk > kClusterRegTiles) continue;
+    if ((k_tiles + wk - 1) / wk > cluster_tiles(units / 4)) continue;
     if (cl * groups > dev.sms) continue;
     const size_t smem = cluster_smem_bytes(units, H);
     if (smem > dev.smem_per_block) continue;
