@@ -901,7 +901,7 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
   a.skip = skip;
   static const int cluster_barrier = [] {
     const char* v = std::getenv("LSTM_PERSISTENT_CLUSTER_SYNC");
-    return !v ? 0 : std::string(v) == "barrier" ? 1 : std::string(v) == "spin" ? 2 : 0;
+    return v && std::string(v) == "barrier" ? 1 : 0;
   }();
   a.cluster_barrier = cluster_barrier;
   const bool flags = plan.exchange == PersistentExchange::Flags;

@@ -715,7 +715,6 @@ void launch_nt(const PersistentArgs<E>& a, int groups, const PersistentShape& p,
   }
 }
 
-
 // ---- The cluster variant ---------------------------------------------------------------------
 // One thread-block cluster per group (a layer direction whose hidden size fits 16 CTAs): rank r
 // owns hidden units [rU, rU + U) with their W_hh rows in its warps' registers; after the cell each
@@ -798,15 +797,6 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       "r"(parity)
       : "memory");
 }
-// The same by polling (test_wait never suspends the thread): for measurement against try_wait.
-__device__ __forceinline__ void mbar_spin(unsigned long long* bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nSPIN_%=:\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra SPIN_%=;\n}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
-      "r"(parity)
-      : "memory");
-}
 // Every thread of every CTA of the cluster: the writes before (to any CTA's shared memory) are
 // visible to the reads after.
 __device__ __forceinline__ void cluster_sync() {
@@ -874,7 +864,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     const int gate = i / U, u = i - gate * U, j = j0 + u;
     bias_s[i] = u < nU && d.b_ih ? to_f(d.b_ih[gate * H + j]) + to_f(d.b_hh[gate * H + j]) : 0.f;
   }
-  const bool mbar = a.cluster_barrier != 1;
+  const bool mbar = !a.cluster_barrier;
   // The bytes of one h_t: every CTA sends its whole slice of every batch row.
   const unsigned step_bytes = static_cast<unsigned>(cl * B * U) * sizeof(E);
   if (tid == 0 && mbar) {
@@ -934,12 +924,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     stamp(s, 0);
     if (mbar) {
       // h_{s-1} is in (buffer s & 1, filled for the ((s - 1) / 2)-th time; step 0 reads h0).
-      if (s > 0) {
-        if (a.cluster_barrier == 2)
-          mbar_spin(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
-        else
-          mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
-      }
+      if (s > 0) mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
       // That buffer's next phase: h_{s+1}, read at step s + 2 (it cannot arrive before every CTA
       // has h_s, so after this thread's wait above).
       if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes);

@@ -134,9 +134,8 @@ struct PersistentArgs {
   // Measurement only ($LSTM_PERSISTENT_SKIP, docs/KERNELS.md), results are wrong with it: each
   // bit leaves a stage of the step out (PersistentSkip).
   int skip = 0;
-  // Measurement only ($LSTM_PERSISTENT_CLUSTER_SYNC): how the cluster kernels wait for h_t. 0: on
-  // their per-CTA transaction barriers with try_wait; 1 (=barrier): a cluster-wide barrier ends
-  // each step instead; 2 (=spin): the transaction barriers polled with test_wait.
+  // Measurement only ($LSTM_PERSISTENT_CLUSTER_SYNC=barrier): the cluster kernels end each step
+  // with a cluster-wide barrier instead of waiting on their per-CTA transaction barriers.
   int cluster_barrier = 0;
   // Measurement only ($LSTM_PERSISTENT_TRACE=1, set by the launch): clock stamps of each step's
   // stages in the first and last CTA of group 0's cluster (kTraceStamps per step).
