@@ -3,7 +3,8 @@
 // so this runs every slice width the planner hands out (4, 8, 16 and 32 units per CTA), a last
 // CTA with fewer units than the others, both directions at once, variable lengths, h0/c0 and
 // 100+ steps, and checks which kernel ran: the cluster kernels wherever the planner of this device
-// offers them, the grid-wide kernels elsewhere. Without a GPU every test skips and says why.
+// offers them, the grid-wide kernels elsewhere, and in training which backward swept (the cluster
+// backward wherever it is offered). Without a GPU every test skips and says why.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -107,6 +108,17 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   }
   const Result got = run_backend(*be, p, {q.training, false, 3, true}, t.context());
   compare(got, run_reference(p, q.training), p, q.training, q.prec.tol);
+  if (q.training) {
+    // The backward's sweep: the cluster backward wherever the planner offers it (one layer here).
+    cuda::PersistentShape bs;
+    const bool cluster_bwd =
+        sh.layers == 1 && cuda::plan_persistent_cluster_backward(sh.H, sh.B, q.prec.dtype, 0, &bs).empty();
+    EXPECT_EQ(be->last_run().rfind(cluster_bwd ? "persistent, cluster backward" : "persistent, fused backward", 0), 0u)
+        << be->last_run();
+    if (!(off && std::string(off) == "0") && dev.cluster && dev.sms >= 32 && dev.smem_per_block >= 227 * 1024) {
+      EXPECT_EQ(cluster_bwd, cluster);
+    }
+  }
   std::cout << "[ info     ] " << sh.name << ": " << ran << (cluster ? ", cluster of " + std::to_string(cl.cluster) : "")
             << "\n";
 #endif

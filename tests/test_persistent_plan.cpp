@@ -16,6 +16,7 @@ using lstm::cuda::PersistentDevice;
 using lstm::cuda::PersistentShape;
 using lstm::cuda::plan_persistent;
 using lstm::cuda::plan_persistent_cluster;
+using lstm::cuda::plan_persistent_cluster_backward;
 
 namespace {
 
@@ -123,6 +124,37 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
   old.cluster = false;
   EXPECT_NE(plan_persistent_cluster(old, 256, 256, 0, 1, 1, DType::BF16, &s).find("no thread-block clusters"),
             std::string::npos);
+}
+
+TEST(PersistentPlan, ClusterBackwardTakesWhatTheForwardTakes) {
+  PersistentShape f, b;
+  // Every hidden size the forward's cluster kernel takes, at batch 1 and 8, in both dtypes.
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int64_t B : {1, 8})
+      for (int64_t H = 4; H <= 512; H += 4) {
+        ASSERT_EQ(plan_persistent_cluster(h200(), H, H, 0, 1, B, dt, &f), "") << H;
+        ASSERT_EQ(plan_persistent_cluster_backward(h200(), H, B, dt, &b), "") << H;
+        EXPECT_EQ(b.units, f.units) << H;
+        EXPECT_EQ(b.cluster, f.cluster) << H;
+        EXPECT_LE(b.smem, size_t{232448}) << H;
+      }
+  // Hidden 512: W_hh^T's 32 columns x 2048 rows per CTA, 16 k-tiles per warp; the shared memory
+  // holds them once (before the registers) beside two dG buffers of 8 x 2056.
+  ASSERT_EQ(plan_persistent_cluster_backward(h200(), 512, 8, DType::BF16, &b), "");
+  EXPECT_EQ(b.cluster, 16);
+  EXPECT_EQ(b.units, 32);
+  EXPECT_EQ(b.smem, size_t{(32 + 16) * 2056 * 2 + 8 * 8 * 36 * 4 + 16 + 8 * 4 * 32 * 2});
+  // What the forward refuses, the backward refuses with the forward's reason.
+  EXPECT_NE(plan_persistent_cluster_backward(h200(), 520, 1, DType::BF16, &b).find("does not fit one cluster"),
+            std::string::npos);
+  EXPECT_NE(plan_persistent_cluster_backward(h200(), 256, 1, DType::F32, &b).find("BF16 or F16"), std::string::npos);
+  EXPECT_NE(plan_persistent_cluster_backward(h200(), 256, 9, DType::BF16, &b).find("up to 8 rows"),
+            std::string::npos);
+  // A device with less shared memory per block: the backward's larger buffers are refused by name.
+  PersistentDevice small = h200();
+  small.smem_per_block = 200 * 1024;
+  ASSERT_EQ(plan_persistent_cluster(small, 512, 512, 0, 1, 8, DType::BF16, &f), "");
+  EXPECT_NE(plan_persistent_cluster_backward(small, 512, 8, DType::BF16, &b).find("shared memory"), std::string::npos);
 }
 
 #else

@@ -396,6 +396,15 @@ class FusedLstm final : public LstmBackend {
   void sweep_backward(const Lane& ln, const WeightPtrs<E>& w, const DirPtrs<E>& dp, const BackwardLanePtrs<E>& bp,
                       int64_t d, int64_t Tn, int64_t B, const float* dy, const int32_t* len, const E* dhn,
                       const E* dcn, E* dh0, E* dc0, int64_t s_begin, int64_t s_end) const;
+  // The persistent backend's sweep of one direction, all of it, in one cluster launch
+  // (lstm_persistent.cuh, PersistentBackArgs): the same results as sweep_backward over [0, T).
+  void sweep_backward_cluster(const Lane& ln, const cuda::PersistentShape& shape, const WeightPtrs<E>& w,
+                              const DirPtrs<E>& dp, const BackwardLanePtrs<E>& bp, int64_t d, int64_t Tn, int64_t B,
+                              const float* dy, const int32_t* len, const E* dhn, const E* dcn, E* dh0,
+                              E* dc0) const;
+  // The cluster backward's plan for batch B, or null where it does not take this spec (planned
+  // once per B).
+  const cuda::PersistentShape* persistent_back_plan(int64_t B);
   void weight_grads(const Lane& ln, const FusedSaved<E>& sv, const BackwardLanePtrs<E>& bp, int64_t l, int64_t d,
                     std::vector<Tensor>& dw) const;
 
@@ -445,6 +454,7 @@ class FusedLstm final : public LstmBackend {
   std::vector<int32_t> host_len_;
   const char* last_run_ = "";
   std::map<std::pair<int64_t, bool>, PersistentPlan> persistent_plans_;  // per (B, dropout), on lane_device_
+  std::map<int64_t, std::pair<bool, cuda::PersistentShape>> persistent_back_plans_;  // per B: taken, shape
 };
 
 template <class E>
@@ -1039,6 +1049,44 @@ void FusedLstm<E>::sweep_backward(const Lane& ln, const WeightPtrs<E>& w, const 
 }
 
 template <class E>
+const cuda::PersistentShape* FusedLstm<E>::persistent_back_plan(int64_t B) {
+  auto it = persistent_back_plans_.find(B);
+  if (it == persistent_back_plans_.end()) {
+    cuda::PersistentShape shape;
+    // The whole sweep of a direction in one launch: every direction of a bidirectional stack, or a
+    // single layer (a unidirectional stack's backward is the fused wavefront, in chunks of steps).
+    const bool taken = persistent_ && P_ == 0 && (D_ == 2 || L_ == 1) &&
+                       cuda::plan_persistent_cluster_backward(H_, B, dtype(), lane_device_, &shape).empty();
+    it = persistent_back_plans_.emplace(B, std::make_pair(taken, shape)).first;
+  }
+  return it->second.first ? &it->second.second : nullptr;
+}
+
+template <class E>
+void FusedLstm<E>::sweep_backward_cluster(const Lane& ln, const cuda::PersistentShape& shape, const WeightPtrs<E>& w,
+                                          const DirPtrs<E>& dp, const BackwardLanePtrs<E>& bp, int64_t d, int64_t Tn,
+                                          int64_t B, const float* dy, const int32_t* len, const E* dhn, const E* dcn,
+                                          E* dh0, E* dc0) const {
+  cuda::PersistentBackArgs<E> a;
+  a.w_hh = w.hh;
+  a.gates = dp.gates;
+  a.c = dp.c;
+  a.dy = dy + d * Hout_;
+  a.ldy = D_ * Hout_;
+  a.len = len;
+  a.dhn = dhn;
+  a.dcn = dcn;
+  a.dg = bp.dg;
+  a.dh0 = dh0;
+  a.dc0 = dc0;
+  a.T = static_cast<int>(Tn);
+  a.B = static_cast<int>(B);
+  a.H = static_cast<int>(H_);
+  a.reverse = d == 1 ? 1 : 0;
+  cuda::launch_persistent_backward<E>(a, shape, ln.stream);
+}
+
+template <class E>
 void FusedLstm<E>::weight_grads(const Lane& ln, const FusedSaved<E>& sv, const BackwardLanePtrs<E>& bp, int64_t l,
                                 int64_t d, std::vector<Tensor>& dw) const {
   const int64_t N = sv.T * sv.B, In = in_size(l);
@@ -1134,6 +1182,7 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
   E* dh0 = r.d_h0.defined() ? static_cast<E*>(r.d_h0.raw()) : nullptr;
   E* dc0 = r.d_c0.defined() ? static_cast<E*>(r.d_c0.raw()) : nullptr;
   const DropoutParams drop = dropout_params(spec().dropout);
+  const cuda::PersistentShape* back_plan = persistent_back_plan(B);
   auto dhn_of = [&](int64_t idx) { return dhn ? dhn + idx * B * Hout_ : nullptr; };
   auto dcn_of = [&](int64_t idx) { return dcn ? dcn + idx * B * H_ : nullptr; };
   auto dh0_of = [&](int64_t idx) { return dh0 ? dh0 + idx * B * Hout_ : nullptr; };
@@ -1155,8 +1204,12 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
         // Lane 1 starts a lower layer once lane 0 has formed its dy (lane 0's latest record).
         if (d == 1 && l < L_ - 1) LSTM_CUDA_CHECK(cudaStreamWaitEvent(ln.stream, l0.mark, 0));
         const int64_t idx = l * D_ + d;
-        sweep_backward(ln, w[d], sv.p.dirs[static_cast<size_t>(idx)], bps[d], d, Tn, B, dy_cur, len, dhn_of(idx),
-                       dcn_of(idx), dh0_of(idx), dc0_of(idx), 0, Tn);
+        if (back_plan)
+          sweep_backward_cluster(ln, *back_plan, w[d], sv.p.dirs[static_cast<size_t>(idx)], bps[d], d, Tn, B, dy_cur,
+                                 len, dhn_of(idx), dcn_of(idx), dh0_of(idx), dc0_of(idx));
+        else
+          sweep_backward(ln, w[d], sv.p.dirs[static_cast<size_t>(idx)], bps[d], d, Tn, B, dy_cur, len, dhn_of(idx),
+                         dcn_of(idx), dh0_of(idx), dc0_of(idx), 0, Tn);
       }
       // Lane 1's weight gradients overlap lane 0's input gradient.
       const Lane& l1 = *lanes_[1];
@@ -1194,8 +1247,12 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
         const Lane& ln = *lanes_[l];
         const int64_t In = in_size(l);
         if (l < L_ - 1) LSTM_CUDA_CHECK(cudaStreamWaitEvent(ln.stream, lanes_[l + 1]->mark, 0));
-        sweep_backward(ln, w[l], sv.p.dirs[static_cast<size_t>(l)], bps[l], 0, Tn, B, dyb[l], len, dhn_of(l),
-                       dcn_of(l), dh0_of(l), dc0_of(l), Tn - t1, Tn - t0);
+        if (back_plan)  // a single layer: one chunk, the whole sweep
+          sweep_backward_cluster(ln, *back_plan, w[l], sv.p.dirs[static_cast<size_t>(l)], bps[l], 0, Tn, B, dyb[l],
+                                 len, dhn_of(l), dcn_of(l), dh0_of(l), dc0_of(l));
+        else
+          sweep_backward(ln, w[l], sv.p.dirs[static_cast<size_t>(l)], bps[l], 0, Tn, B, dyb[l], len, dhn_of(l),
+                         dcn_of(l), dh0_of(l), dc0_of(l), Tn - t1, Tn - t0);
         // The chunk's rows of dx: [(t1-t0)*B, 4H] x [4H, In], fp32, zero past each length.
         float* dx = l > 0 ? dyb[l - 1] : dyb[L_];
         gemm_rm(ln.blas, compute_, false, false, (t1 - t0) * B, In, G_, bps[l].dg + t0 * B * G_, dt_, G_, w[l].ih, dt_,
@@ -1258,7 +1315,10 @@ LstmGrads FusedLstm<E>::backward(const std::vector<Tensor>& weights, const LstmS
     LSTM_CUDA_CHECK(cudaStreamWaitEvent(sv.stream, release_->get(), 0));
   }
   sv.memory.reset();
-  last_run_ = persistent_ ? "persistent, fused backward" : D_ == 1 && L_ > 1 ? "fused:wavefront" : "fused";
+  last_run_ = back_plan   ? "persistent, cluster backward"
+              : persistent_ ? "persistent, fused backward"
+              : D_ == 1 && L_ > 1 ? "fused:wavefront"
+                                  : "fused";
   return r;
 }
 

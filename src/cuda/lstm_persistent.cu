@@ -1057,6 +1057,224 @@ size_t cluster_smem_bytes(int units, int64_t H) {
          2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units) * 2;
 }
 
+// ---- The cluster backward ------------------------------------------------------------------
+// One cluster per direction, rank r owning hidden units [rU, rU + U) as in the forward, but now
+// the outputs of the product are its units of dh_{t-1} = W_hh^T dG_t, so a CTA holds the columns
+// of W_hh of its units (W_hh^T rows: MROWS x 4Hc, Hc = the cluster's padded hidden width) in
+// registers and every CTA needs all of dG_t: each sends its units' slice of the four gates of
+// every batch row to every CTA (4 x B x U values), a transaction barrier per buffer as in the
+// forward. The cell's backward is one (unit, row) per thread with dh and dc in registers.
+template <int U>
+struct ClusterBack {
+  static constexpr int MROWS = U < 16 ? 16 : U;        // m-tile rows (units past U are zero rows)
+  static constexpr int MT = MROWS / 16;                // m-tiles per CTA: 1 or 2
+  static constexpr int WK = kClusterWarps / MT;        // warps per m-tile, splitting K
+  static constexpr int NT = MT == 2 ? 16 : 4;          // k-tiles per warp at most (hidden <= 512)
+  static constexpr int NC = MT == 2 ? 2 : 4;           // accumulator chains
+  static constexpr int VW = U == 4 ? 2 : 4;            // 32-bit words per send
+  static constexpr int NCH = U / 2 / VW;               // sends per (row, gate, destination)
+  static constexpr int RS = MROWS + kRedPad;
+};
+
+// Columns of the backward's shared dG buffers: the four gates of the padded hidden width, whole
+// k-tiles, plus the bank-conflict padding.
+__host__ __device__ constexpr int cluster_back_ks(int H, int U) { return 4 * ((H + U - 1) / U * U) + 8; }
+
+template <class E, int U>
+__global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_backward_kernel(const PersistentBackArgs<E> a,
+                                                                                      int cl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();
+#else
+  using C = ClusterBack<U>;
+  constexpr int KK = 16, NP = 8, MROWS = C::MROWS, MT = C::MT, WK = C::WK, NT = C::NT, NC = C::NC, VW = C::VW,
+                NCH = C::NCH, RS = C::RS;
+  const unsigned rank = cluster_rank();
+  const int H = a.H, B = a.B, T = a.T;
+  const int Hc = cl * U, KS = cluster_back_ks(H, U), KT = 4 * Hc / KK;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* Ws = reinterpret_cast<E*>(smem);                       // [MROWS, KS]: W_hh^T rows, read once into registers
+  E* Gs = Ws + MROWS * KS;                                  // [2][NP, KS]: dG of the previous processed step
+  float* red = reinterpret_cast<float*>(Gs + 2 * NP * KS);  // [WK][NP][RS]
+  auto* bars = reinterpret_cast<unsigned long long*>(red + WK * NP * RS);
+  E* stage = reinterpret_cast<E*>(bars + 2);                // [NP][4U]: this CTA's dG_t, what it sends
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
+
+  // W_hh^T rows of this CTA's units: Ws[m][gate * Hc + k] = W_hh[gate * H + k][j0 + m]
+  // (consecutive threads on consecutive m: coalesced reads of W_hh's rows).
+  for (int i = tid; i < MROWS * 4 * Hc; i += kClusterBlock) {
+    const int m = i % MROWS, col = i / MROWS, gate = col / Hc, k = col - gate * Hc;
+    E v = from_f<E>(0.f);
+    if (m < nU && k < H) v = a.w_hh[static_cast<size_t>(gate * H + k) * H + j0 + m];
+    Ws[m * KS + col] = v;
+  }
+  for (int i = tid; i < 2 * NP * KS; i += kClusterBlock) Gs[i] = from_f<E>(0.f);
+  for (int i = tid; i < WK * NP * RS; i += kClusterBlock) red[i] = 0.f;
+  for (int i = tid; i < NP * 4 * U; i += kClusterBlock) stage[i] = from_f<E>(0.f);
+  const unsigned step_bytes = static_cast<unsigned>(cl * B * 4 * U) * sizeof(E);
+  if (tid == 0) {
+    mbar_init(&bars[0], 1);
+    mbar_init(&bars[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_expect(&bars[1], step_bytes);  // dG of processed step 0, read at step 1
+  }
+  __syncthreads();
+  const int m = warp % MT, kp = warp / MT;
+  const int kb = kp * KT / WK, ke = (kp + 1) * KT / WK;  // ke - kb <= NT (the planner)
+  unsigned afr[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    if (kb + i < ke)
+      ldsm_x4(afr[i], Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
+    else
+      afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;
+  }
+  // This thread's cell item: batch row b of unit j0 + u.
+  const bool iv = tid < nU * B;
+  const int b = iv ? tid % B : 0, u = iv ? tid / B : 0, j = j0 + u;
+  const int len = iv ? a.len[b] : 0;
+  float dh = iv && a.dhn ? to_f(a.dhn[static_cast<size_t>(b) * H + j]) : 0.f;
+  float dc = iv && a.dcn ? to_f(a.dcn[static_cast<size_t>(b) * H + j]) : 0.f;
+  float dhp = 0.f;
+  // The next processed step's saved values (loaded a step ahead: they do not depend on the sweep).
+  float ig = 0.f, fg = 0.f, gg = 0.f, og = 0.f, ct = 0.f, cp = 0.f, dyv = 0.f;
+  auto load = [&](int s_load) {
+    const int t = a.reverse ? s_load : T - 1 - s_load;
+    if (!iv || s_load >= T || t >= len) return;
+    const float* g = a.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j;
+    ig = g[0];
+    fg = g[H];
+    gg = g[2 * H];
+    og = g[3 * H];
+    ct = a.c[static_cast<size_t>(a.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H + j];
+    cp = a.c[static_cast<size_t>(a.reverse ? t + 1 : t) * B * H + static_cast<size_t>(b) * H + j];
+    dyv = a.dy[(static_cast<size_t>(t) * B + b) * a.ldy + j];
+  };
+  // dh_{t-1} of this thread's (unit, row) from dG in buffer `buf`: the product, then the sum of
+  // the warps' partial sums. Every thread calls it (it has CTA barriers).
+  auto product = [&](const E* Gcur) {
+    if (ke > kb) {
+      float acc[NC][4];
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+      const E* grow = Gcur + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int i0 = 0; i0 < NT; i0 += 4) {
+        unsigned bf[4][2];
+#pragma unroll
+        for (int q = 0; q < 4; q += 2) {
+          const int tile = min(kb + i0 + q + (lane >> 4), ke - 1);
+          unsigned r4[4];
+          ldsm_x4(r4, grow + tile * KK);
+          bf[q][0] = r4[0];
+          bf[q][1] = r4[1];
+          bf[q + 1][0] = r4[2];
+          bf[q + 1][1] = r4[3];
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
+      }
+#pragma unroll
+      for (int c = 1; c < NC; ++c)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
+      const int g = lane >> 2, tq = lane & 3;
+      float* rw = red + kp * NP * RS;
+      const int row = m * 16 + g, col = 2 * tq;
+      rw[col * RS + row] = acc[0][0];
+      rw[(col + 1) * RS + row] = acc[0][1];
+      rw[col * RS + row + 8] = acc[0][2];
+      rw[(col + 1) * RS + row + 8] = acc[0][3];
+    }
+    __syncthreads();
+    if (iv) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < WK; ++w) v += red[w * NP * RS + b * RS + u];
+      dhp = v;
+    }
+  };
+  load(0);
+  cluster_sync();  // every CTA started and its buffers zeroed before anyone writes into them
+
+  for (int s = 0; s < T; ++s) {
+    const int t = a.reverse ? s : T - 1 - s;
+    const int tp = a.reverse ? t - 1 : t + 1;  // the time of the previous processed step
+    if (s > 0) mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
+    // The buffer's next phase: dG of processed step s + 1, read at step s + 2 (the last read is
+    // the one after the loop, at step T).
+    if (tid == 0 && s + 2 <= T) mbar_expect(&bars[s & 1], step_bytes);
+    if (s > 0) product(Gs + (s & 1) * NP * KS);
+    if (iv) {
+      // dh carries d_h_n until the row's last step, then the recurrent gradient of the step after.
+      if (s > 0 && tp < len) dh = dhp;
+      float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+      if (t < len) {
+        const float dm = dh + dyv;
+        const float tc = act_tanh<E>(ct);
+        const float dct = dc + dm * og * (1.f - tc * tc);
+        d0 = dct * gg * ig * (1.f - ig);
+        d1 = dct * cp * fg * (1.f - fg);
+        d2 = dct * ig * (1.f - gg * gg);
+        d3 = dm * tc * og * (1.f - og);
+        dc = dct * fg;
+      }
+      const E e0 = from_f<E>(d0), e1 = from_f<E>(d1), e2 = from_f<E>(d2), e3 = from_f<E>(d3);
+      E* st = stage + b * 4 * U + u;
+      st[0] = e0;
+      st[U] = e1;
+      st[2 * U] = e2;
+      st[3 * U] = e3;
+      E* dg = a.dg + (static_cast<size_t>(t) * B + b) * 4 * H + j;
+      dg[0] = e0;
+      dg[H] = e1;
+      dg[2 * H] = e2;
+      dg[3 * H] = e3;
+    }
+    __syncthreads();
+    // The sends: chunk (rank, row, gate, c) of dG_t, each thread a few.
+    {
+      const unsigned parity = static_cast<unsigned>((s + 1) & 1);
+      for (int i = tid; i < cl * B * 4 * NCH; i += kClusterBlock) {
+        const int c = i % NCH, q = i / NCH, gate = q & 3, rest = q >> 2, row = rest % B, r = rest / B;
+        const E* src = stage + row * 4 * U + gate * U + c * VW * 2;
+        const unsigned dst = cluster_addr(Gs + parity * NP * KS + row * KS + gate * Hc + j0 + c * VW * 2,
+                                          static_cast<unsigned>(r));
+        const unsigned bar = cluster_addr(&bars[parity], static_cast<unsigned>(r));
+        if constexpr (VW == 4)
+          st_async4(dst, *reinterpret_cast<const uint4*>(src), bar);
+        else
+          st_async2(dst, *reinterpret_cast<const uint2*>(src), bar);
+      }
+    }
+    load(s + 1);
+    // No CTA-wide barrier here: the next step's product (which rewrites the partial sums) and cell
+    // (which rewrites the staging buffer) come after this CTA's barrier has seen every word its
+    // own threads sent, each after reading what it sent.
+  }
+  // dh_{t-1} of the last processed step, for d_h0.
+  mbar_wait(&bars[T & 1], static_cast<unsigned>(((T - 1) >> 1) & 1));
+  product(Gs + (T & 1) * NP * KS);
+  if (iv) {
+    const int tl = a.reverse ? T - 1 : 0;
+    if (a.dh0) a.dh0[static_cast<size_t>(b) * H + j] = from_f<E>(tl < len ? dhp : dh);
+    if (a.dc0) a.dc0[static_cast<size_t>(b) * H + j] = from_f<E>(dc);
+  }
+  cluster_sync();  // no CTA leaves before every CTA has passed its last wait
+#endif
+}
+
+size_t cluster_back_smem_bytes(int units, int64_t H) {
+  const int mrows = units < 16 ? 16 : units, mt = mrows / 16;
+  const size_t KS = static_cast<size_t>(cluster_back_ks(static_cast<int>(H), units));
+  return (static_cast<size_t>(mrows) + 2 * 8) * KS * 2 +
+         static_cast<size_t>(kClusterWarps / mt) * 8 * (mrows + kRedPad) * sizeof(float) +
+         2 * sizeof(unsigned long long) + 8 * 4 * static_cast<size_t>(units) * 2;
+}
+
 // $LSTM_PERSISTENT_TRACE: runs the launch with clock stamps, waits for it, and prints the
 // median cycles of each stage of a step (steps 16 to T - 16) to stderr. Measurement only.
 template <class E, class K>
@@ -1150,6 +1368,30 @@ void launch_cluster_mt(const PersistentArgs<E>& a, int groups, const PersistentS
   }
 }
 
+template <class E, int U>
+void launch_cluster_backward_u(const PersistentBackArgs<E>& a, const PersistentShape& p, cudaStream_t stream) {
+  auto kernel = persistent_cluster_backward_kernel<E, U>;
+  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
+  if (p.cluster > 8) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
+  cfg.blockDim = dim3(kClusterBlock);
+  cfg.dynamicSmemBytes = p.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  LSTM_REQUIRE(clusters >= 1, "persistent LSTM backward: the device cannot place a cluster of "
+                                  << p.cluster << " CTAs with " << p.smem << " bytes of shared memory each");
+  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.cluster));
+}
+
 }  // namespace
 
 std::string persistent_device(int device, PersistentDevice* out) {
@@ -1208,6 +1450,38 @@ std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, in
   const std::string why = persistent_device(device, &dev);
   if (!why.empty()) return why;
   return plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out);
+}
+
+std::string plan_persistent_cluster_backward(const PersistentDevice& dev, int64_t H, int64_t B, DType dtype,
+                                             PersistentShape* out) {
+  // The forward's slice (its limits: dtype, batch, one cluster), then the backward's shape of it.
+  PersistentShape fwd;
+  const std::string why = plan_persistent_cluster(dev, H, H, 0, 1, B, dtype, &fwd);
+  if (!why.empty()) return why;
+  const int units = fwd.units, mrows = units < 16 ? 16 : units;
+  const int64_t cl = fwd.cluster, k_tiles = 4 * cl * units / 16;
+  const int wk = kClusterWarps / (mrows / 16);
+  if ((k_tiles + wk - 1) / wk > (mrows == 32 ? 16 : 4))
+    return "hidden size " + std::to_string(H) + ": W_hh^T does not fit the backward's registers";
+  const size_t smem = cluster_back_smem_bytes(units, H);
+  if (smem > dev.smem_per_block)
+    return "the cluster backward needs " + std::to_string(smem) + " bytes of shared memory per CTA; the device has " +
+           std::to_string(dev.smem_per_block);
+  *out = fwd;
+  out->smem = smem;
+  return "";
+}
+
+std::string plan_persistent_cluster_backward(int64_t H, int64_t B, DType dtype, int device, PersistentShape* out) {
+  static const bool off = [] {
+    const char* v = std::getenv("LSTM_PERSISTENT_CLUSTER");
+    return v && std::string(v) == "0";
+  }();
+  if (off) return "turned off ($LSTM_PERSISTENT_CLUSTER=0)";
+  PersistentDevice dev;
+  const std::string why = persistent_device(device, &dev);
+  if (!why.empty()) return why;
+  return plan_persistent_cluster_backward(dev, H, B, dtype, out);
 }
 
 std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size, int64_t groups,
@@ -1302,9 +1576,32 @@ void launch_persistent(const PersistentArgs<E>& a, int groups, const PersistentS
   }
 }
 
+template <class E>
+void launch_persistent_backward(const PersistentBackArgs<E>& a, const PersistentShape& p, cudaStream_t stream) {
+  if constexpr (sizeof(E) != 2) {
+    LSTM_THROW("persistent LSTM backward: bad plan (the cluster kernels are bf16/fp16)");
+  } else {
+    LSTM_REQUIRE(p.cluster > 0 && p.cluster <= kClusterMax, "persistent LSTM backward: bad plan (" << p.cluster << " CTAs)");
+    LSTM_REQUIRE(a.T > 0 && a.B > 0, "persistent LSTM backward: expected at least one step and one row, got T "
+                                         << a.T << ", B " << a.B);
+    switch (p.units) {
+      case 4: return launch_cluster_backward_u<E, 4>(a, p, stream);
+      case 8: return launch_cluster_backward_u<E, 8>(a, p, stream);
+      case 16: return launch_cluster_backward_u<E, 16>(a, p, stream);
+      case 32: return launch_cluster_backward_u<E, 32>(a, p, stream);
+      default: LSTM_THROW("persistent LSTM backward: bad plan (" << p.units << " units per CTA)");
+    }
+  }
+}
+
 template void launch_persistent<float>(const PersistentArgs<float>&, int, const PersistentShape&, cudaStream_t);
 template void launch_persistent<__nv_bfloat16>(const PersistentArgs<__nv_bfloat16>&, int, const PersistentShape&,
                                                cudaStream_t);
 template void launch_persistent<__half>(const PersistentArgs<__half>&, int, const PersistentShape&, cudaStream_t);
+template void launch_persistent_backward<float>(const PersistentBackArgs<float>&, const PersistentShape&, cudaStream_t);
+template void launch_persistent_backward<__nv_bfloat16>(const PersistentBackArgs<__nv_bfloat16>&, const PersistentShape&,
+                                                        cudaStream_t);
+template void launch_persistent_backward<__half>(const PersistentBackArgs<__half>&, const PersistentShape&,
+                                                 cudaStream_t);
 
 }  // namespace lstm::cuda

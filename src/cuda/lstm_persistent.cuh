@@ -142,6 +142,38 @@ struct PersistentArgs {
   long long* trace = nullptr;
 };
 
+// The recurrent sweep of one direction's backward in one cluster launch (the cluster kernels'
+// shape, docs/KERNELS.md "Clusters: the backward"): per processed step the gate gradients dG of
+// every row (zero past each length) into dg, the carried dh and dc in registers, dh_{t-1} =
+// W_hh^T dG_t through distributed shared memory; at the end d_h0 and d_c0. The same semantics as
+// the fused backward's sweep without a projection (lstm_fused_kernels.cuh).
+template <class E>
+struct PersistentBackArgs {
+  const E* w_hh = nullptr;       // [4H, H]
+  const float* gates = nullptr;  // [T, B, 4H] the forward's activated i, f, g, o
+  const float* c = nullptr;      // [T + 1, B, H] the forward's cell-state slots
+  const float* dy = nullptr;     // row (t, b) at dy + (t * B + b) * ldy
+  int64_t ldy = 0;
+  const int32_t* len = nullptr;  // [B]
+  const E* dhn = nullptr;        // [B, H] or null
+  const E* dcn = nullptr;        // [B, H] or null
+  E* dg = nullptr;               // [T, B, 4H]
+  E* dh0 = nullptr;              // [B, H] or null
+  E* dc0 = nullptr;              // [B, H] or null
+  int T = 0, B = 0, H = 0;
+  int reverse = 0;               // the direction: its forward ran t = T-1 .. 0
+};
+
+// "" and the launch's shape in *out, or why the cluster backward does not take this direction on
+// CUDA device `device` (a pure function of the device's properties beside it, for tests).
+std::string plan_persistent_cluster_backward(const PersistentDevice& dev, int64_t H, int64_t B, DType dtype,
+                                             PersistentShape* out);
+std::string plan_persistent_cluster_backward(int64_t H, int64_t B, DType dtype, int device, PersistentShape* out);
+
+// Launches the backward sweep planned by plan_persistent_cluster_backward on `stream`.
+template <class E>
+void launch_persistent_backward(const PersistentBackArgs<E>& a, const PersistentShape& shape, cudaStream_t stream);
+
 // Launches groups [0, groups) as one cooperative grid (all CTAs resident) on `stream`. Throws
 // lstm::Error when the launch fails.
 template <class E>
