@@ -1,10 +1,11 @@
 // The persistent backend's kernel variants on the GPU, each shape against the float64 reference:
 // the conformance suite's small shapes (hidden 64) reach only the smallest slice of each kernel,
 // so this runs every slice width the planner hands out (4, 8, 16 and 32 units per CTA), a last
-// CTA with fewer units than the others, both directions at once, variable lengths, h0/c0 and
-// 100+ steps, and checks which kernel ran: the cluster kernels wherever the planner of this device
-// offers them, the grid-wide kernels elsewhere, and in training which backward swept (the cluster
-// backward wherever it is offered). Without a GPU every test skips and says why.
+// CTA with fewer units than the others, both directions at once, stacks (one cluster per layer in
+// one launch), variable lengths, h0/c0 and 100+ steps, and checks which kernel ran: the cluster
+// kernels wherever the planner of this device offers them, the grid-wide kernels elsewhere, and in
+// training which backward swept (the cluster backward wherever it is offered). Without a GPU every
+// test skips and says why.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -33,7 +34,8 @@ struct Shape {
 
 // Slices of 4 (hidden 40: 10 CTAs), 8 (hidden 100: 13 CTAs, the last with 4 units), 16 and 32
 // units (hidden 256 and 512: 16 CTAs, a non-portable cluster size), two directions of 16 CTAs each,
-// and shapes the cluster kernels do not take (hidden 1024, batch 16, a stack).
+// unidirectional stacks (the cluster wavefront, slices of 4, 16 and 32 units), a bidirectional
+// stack (layer by layer), and shapes the cluster kernels do not take (hidden 1024, batch 16).
 const std::vector<Shape>& shapes() {
   static const std::vector<Shape> s = {
       {"h40_b3", 40, 30, 3, false, {}, false},
@@ -44,6 +46,9 @@ const std::vector<Shape>& shapes() {
       {"h1024_b1", 1024, 40, 1, false, {}, false},
       {"h128_b16", 128, 20, 16, false, {}, true},
       {"h64_l3_b4", 64, 30, 4, false, {30, 9, 1, 22}, true, 3},
+      {"h512_l2_b8_t100", 512, 100, 8, false, {}, false, 2},
+      {"h256_l4_b2_varlen", 256, 40, 2, false, {40, 17}, true, 4},
+      {"h100_l2_b5_bi", 100, 20, 5, true, {20, 3, 11, 20, 1}, true, 2},
   };
   return s;
 }
@@ -80,10 +85,13 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   const std::string why = case_skip_reason(t, c);
   ASSERT_EQ(why, "") << "the persistent backend refuses a shape this test is for";
 
-  // What the planner of this device offers: the cluster kernel for a single layer it fits.
+  // What the planner of this device offers: the cluster kernel for a layer it fits, and for a
+  // unidirectional stack one cluster per layer in one launch (the wavefront).
   cuda::PersistentShape cl;
-  const bool cluster = sh.layers == 1 && cuda::plan_persistent_cluster(sh.H, sh.H, 0, spec.directions(), sh.B,
-                                                                       q.prec.dtype, 0, &cl).empty();
+  const bool wave = sh.layers > 1 && !sh.bi;
+  const bool cluster = cuda::plan_persistent_cluster(sh.H, sh.H, wave ? sh.H : 0, wave ? sh.layers : spec.directions(),
+                                                     sh.B, q.prec.dtype, 0, &cl)
+                           .empty();
   cuda::PersistentDevice dev;
   ASSERT_EQ(cuda::persistent_device(0, &dev), "");
   // On a device like the H200 (clusters, 32 or more SMs, 227 KiB of shared memory), the shapes
@@ -91,7 +99,7 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   // $LSTM_PERSISTENT_CLUSTER=0 turned it off for a measurement).
   const char* off = std::getenv("LSTM_PERSISTENT_CLUSTER");
   if (dev.cluster && dev.sms >= 32 && dev.smem_per_block >= 227 * 1024 && !(off && std::string(off) == "0")) {
-    EXPECT_EQ(cluster, sh.layers == 1 && sh.H < 1024 && sh.B <= 8);
+    EXPECT_EQ(cluster, sh.H < 1024 && sh.B <= 8);
   }
 
   const Problem p = make_problem(c, q.prec.dtype, 0x5eed0000ull + static_cast<uint64_t>(sh.H * 131 + sh.B));
@@ -101,7 +109,7 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   run_backend(*be, p, {q.training, false, 3, false}, t.context());
   const std::string ran = be->last_run();
   if (cluster) {
-    EXPECT_EQ(ran.rfind("persistent:cluster", 0), 0u) << ran;
+    EXPECT_EQ(ran.rfind(wave ? "persistent:cluster, wavefront" : "persistent:cluster", 0), 0u) << ran;
   } else {
     EXPECT_EQ(ran.find("cluster"), std::string::npos) << ran;
     EXPECT_EQ(ran.rfind("persistent", 0), 0u) << ran;
@@ -109,14 +117,16 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   const Result got = run_backend(*be, p, {q.training, false, 3, true}, t.context());
   compare(got, run_reference(p, q.training), p, q.training, q.prec.tol);
   if (q.training) {
-    // The backward's sweep: the cluster backward wherever the planner offers it (one layer here).
+    // The backward's sweep: the cluster backward wherever the planner offers it and a direction is
+    // swept whole (a single layer, or a bidirectional stack; a unidirectional stack's backward is
+    // the fused wavefront).
     cuda::PersistentShape bs;
-    const bool cluster_bwd =
-        sh.layers == 1 && cuda::plan_persistent_cluster_backward(sh.H, sh.B, q.prec.dtype, 0, &bs).empty();
+    const bool whole = sh.layers == 1 || sh.bi;
+    const bool cluster_bwd = whole && cuda::plan_persistent_cluster_backward(sh.H, sh.B, q.prec.dtype, 0, &bs).empty();
     EXPECT_EQ(be->last_run().rfind(cluster_bwd ? "persistent, cluster backward" : "persistent, fused backward", 0), 0u)
         << be->last_run();
     if (!(off && std::string(off) == "0") && dev.cluster && dev.sms >= 32 && dev.smem_per_block >= 227 * 1024) {
-      EXPECT_EQ(cluster_bwd, cluster);
+      EXPECT_EQ(cluster_bwd, cluster && whole);
     }
   }
   std::cout << "[ info     ] " << sh.name << ": " << ran << (cluster ? ", cluster of " + std::to_string(cl.cluster) : "")

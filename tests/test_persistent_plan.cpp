@@ -118,7 +118,15 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
   EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 1, DType::F32, &s).find("BF16 or F16"), std::string::npos);
   EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 9, DType::BF16, &s).find("up to 8 rows"),
             std::string::npos);
-  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 256, 2, 1, DType::BF16, &s).find("no wavefront"),
+  // The wavefront: one cluster per layer, each with its input buffer beside it.
+  ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 512, 4, 8, DType::BF16, &s), "");
+  EXPECT_EQ(s.cluster, 16);
+  EXPECT_EQ(s.units, 32);
+  PersistentShape one;
+  ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 0, 1, 8, DType::BF16, &one), "");
+  EXPECT_EQ(s.smem, one.smem + 8 * (512 + 8) * 2);
+  EXPECT_LE(s.smem, size_t{232448});
+  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 128, 2, 1, DType::BF16, &s).find("the layer below's h"),
             std::string::npos);
   PersistentDevice old = h200();
   old.cluster = false;

@@ -845,7 +845,7 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   }
   if (plan) {
     const bool words = plan->exchange == PersistentExchange::Words;
-    last_run_ = plan->shape.cluster > 0 ? "persistent:cluster"
+    last_run_ = plan->shape.cluster > 0 ? (plan->wavefront ? "persistent:cluster, wavefront" : "persistent:cluster")
                 : plan->wavefront       ? (words ? "persistent:wavefront, words" : "persistent:wavefront, flags")
                                         : (words ? "persistent, words" : "persistent, flags");
   } else {
@@ -866,8 +866,17 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
     const char* v = std::getenv("LSTM_PERSISTENT_WAVEFRONT");
     return v && std::string(v) == "0";
   }();
-  if (D_ == 1 && L_ > 1 && !dropout && !no_wave)
-    plan.wavefront = plan_persistent(H_, Hout_, Hout_, L_, B, dtype(), lane_device_, &plan.shape).empty();
+  if (D_ == 1 && L_ > 1 && !dropout && !no_wave) {
+    // The stack in one launch: one cluster per layer where the cluster kernels take it, else the
+    // grid-wide kernel's wavefront.
+    PersistentShape cluster;
+    if (plan_persistent_cluster(H_, Hout_, Hout_, L_, B, dtype(), lane_device_, &cluster).empty()) {
+      plan.shape = cluster;
+      plan.wavefront = true;
+    } else {
+      plan.wavefront = plan_persistent(H_, Hout_, Hout_, L_, B, dtype(), lane_device_, &plan.shape).empty();
+    }
+  }
   if (!plan.wavefront) {
     PersistentShape cluster;
     if (plan_persistent_cluster(H_, Hout_, 0, D_, B, dtype(), lane_device_, &cluster).empty()) {
@@ -877,7 +886,8 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
       LSTM_REQUIRE(why.empty(), "persistent LSTM: " << why);
     }
   }
-  plan.exchange = persistent_exchange_for(B);
+  // The cluster kernels hand h to the layer above as tagged words (no fence on their step's path).
+  plan.exchange = plan.shape.cluster > 0 ? PersistentExchange::Words : persistent_exchange_for(B);
   return persistent_plans_.emplace(key, plan).first->second;
 }
 
@@ -949,6 +959,7 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
         a.group[l].in_flags = a.group[l - 1].flags;
       }
     }
+    if (plan.shape.cluster > 0) a.group[L_ - 1].xchg = nullptr;  // the top layer's h goes nowhere
     LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, L_ * xwords * sizeof(unsigned long long), ln.stream));
     if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
     launch_persistent<E>(a, static_cast<int>(L_), plan.shape, ln.stream);
@@ -961,7 +972,9 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
         fill(static_cast<int>(d), l, d, w);
         input_projection(ln, w, p.in[l], In, a.group[d].gates, 0, Tn, B);
       }
-      if (plan.shape.cluster == 0) {  // the cluster kernels exchange through shared memory
+      if (plan.shape.cluster > 0) {
+        for (int64_t d = 0; d < D_; ++d) a.group[d].xchg = nullptr;  // h goes through shared memory only
+      } else {
         LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, D_ * xwords * sizeof(unsigned long long), ln.stream));
         if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
       }

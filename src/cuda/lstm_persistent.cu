@@ -335,39 +335,38 @@ struct Segment {
 // Up to two segments (the input from the group below, and h_{t-1}) into Hs: every word is read in
 // batches of kBatch loads per thread in flight, and words whose tag is not yet the expected one are
 // read again together, so that a batch costs one round trip per poll.
-template <class E>
+template <class E, int kThreads = kBlock, int kBatch = 8>
 __device__ __forceinline__ void exchange_to_shared(E* Hs, int KS, int B, const Segment& s0, const Segment& s1,
                                                    int skip) {
   const bool skip_wait = skip & kSkipWait;
-  constexpr int kBatch = 8;
   const int n0 = s0.src ? B * s0.words : 0;
   const int n = n0 + (s1.src ? B * s1.words : 0);
-  for (int base = threadIdx.x; base < n; base += kBlock * kBatch) {
+  for (int base = threadIdx.x; base < n; base += kThreads * kBatch) {
     unsigned long long v[kBatch];
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
-      const int i = base + r * kBlock;
+      const int i = base + r * kThreads;
       v[r] = i < n ? ld_word(i < n0 ? s0.src + i : s1.src + (i - n0)) : 0ull;
     }
     while (!skip_wait) {
       bool ready = true;
 #pragma unroll
       for (int r = 0; r < kBatch; ++r) {
-        const int i = base + r * kBlock;
+        const int i = base + r * kThreads;
         ready &= i >= n || static_cast<unsigned>(v[r] >> 32) == (i < n0 ? s0.tag : s1.tag);
       }
       if (ready) break;
       if (!(skip & kSkipSleep)) __nanosleep(32);  // fewer polls in flight leave L2 to the stores being waited for
 #pragma unroll
       for (int r = 0; r < kBatch; ++r) {
-        const int i = base + r * kBlock;
+        const int i = base + r * kThreads;
         if (i < n && static_cast<unsigned>(v[r] >> 32) != (i < n0 ? s0.tag : s1.tag))
           v[r] = ld_word(i < n0 ? s0.src + i : s1.src + (i - n0));
       }
     }
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
-      const int i = base + r * kBlock;
+      const int i = base + r * kThreads;
       if (i >= n) continue;
       const Segment& sg = i < n0 ? s0 : s1;
       const int ii = i < n0 ? i : i - n0;
@@ -815,7 +814,7 @@ __host__ __device__ constexpr int cluster_ks(int H, int U) {
 // holding up to cluster_tiles(MT) k-tiles of W in registers. Every thread of the first U B does
 // the cell of one (unit, batch row); after it every CTA's h_t goes to every CTA, one 16-byte (8-byte
 // for U = 4) st.async per thread at most.
-template <class E, int MT>
+template <class E, int MT, bool WAVE>
 __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(const PersistentArgs<E> a, int cl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // Clusters are sm_90 and later (the planner offers them only there); the body's instructions
@@ -841,6 +840,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // [2]: the transaction barriers of the two Hs buffers (8-byte aligned: 4 U floats before).
   auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
   E* stage = reinterpret_cast<E*>(bars + 2);  // [NP][U]: this CTA's h_t, what it sends
+  // The wavefront (d.w_ih set): [NP, KS] the input of the step, layer l-1's h_t from its exchange
+  // words; W_ih's rows of this CTA's units stay in Ws after W_hh has gone to the registers.
+  E* Xs = stage + NP * U;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
   long long* const trace = a.trace && grp == 0 && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
@@ -860,6 +862,8 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   for (int i = tid; i < 2 * NP * KS; i += kClusterBlock) Hs[i] = from_f<E>(0.f);
   for (int i = tid; i < WK * NP * RS; i += kClusterBlock) red[i] = 0.f;  // warps without k-tiles never write theirs
   for (int i = tid; i < NP * U; i += kClusterBlock) stage[i] = from_f<E>(0.f);
+  if (WAVE && d.w_ih)
+    for (int i = tid; i < NP * KS; i += kClusterBlock) Xs[i] = from_f<E>(0.f);
   for (int i = tid; i < 4 * U; i += kClusterBlock) {
     const int gate = i / U, u = i - gate * U, j = j0 + u;
     bias_s[i] = u < nU && d.b_ih ? to_f(d.b_ih[gate * H + j]) + to_f(d.b_hh[gate * H + j]) : 0.f;
@@ -888,6 +892,16 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     else
       afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;  // a zero tile: its product adds nothing
   }
+  if (WAVE && d.w_ih) {  // W_hh is in the registers: Ws takes W_ih's rows (In = H, the same width)
+    __syncthreads();
+    for (int i = tid; i < ROWS * KS; i += kClusterBlock) {
+      const int r = i / KS, col = i - r * KS;
+      const int gate = r / U, uu = r - gate * U;
+      E v = from_f<E>(0.f);
+      if (uu < nU && col < d.in_size) v = d.w_ih[static_cast<size_t>(gate * H + j0 + uu) * d.in_size + col];
+      Ws[i] = v;
+    }
+  }
   // This thread's send: chunk c (VW words) of batch row `row` to rank r, the same chunk of the
   // same buffer every step (the parity's buffer and barrier are an offset away).
   const bool sender = tid < cl * B * NCH;
@@ -910,7 +924,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   float gx[4];
   auto load_gx = [&](int s_load) {
     const int t_load = d.reverse ? T - 1 - s_load : s_load;
-    const bool on = iv && s_load < T && !(a.skip & kSkipGates);
+    const bool on = iv && s_load < T && !(WAVE && d.w_ih) && !(a.skip & kSkipGates);  // wavefront: projected here
     const float* g = d.gates + (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
 #pragma unroll
     for (int gate = 0; gate < 4; ++gate) gx[gate] = on ? g[gate * H] : 0.f;
@@ -922,6 +936,35 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     const int t = d.reverse ? T - 1 - s : s;
     const E* Hcur = Hs + (s & 1) * NP * KS;
     stamp(s, 0);
+    const bool prod = ke > kb && !(a.skip & kSkipProduct);
+    float acc[NC][4];
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+    if (WAVE && d.w_ih) {
+      // The input of step s: layer l-1's h_s from its exchange words (tag s + 1), then W_ih x_s
+      // while h_{s-1} is still on its way.
+      Segment sx;
+      sx.src = d.in_xchg + static_cast<size_t>(s) * B * ((d.in_size + 1) / 2);
+      sx.words = (d.in_size + 1) / 2;
+      sx.tag = static_cast<unsigned>(s + 1);
+      // (At most 8 x 256 words: four per thread, one batch.)
+      exchange_to_shared<E, kClusterBlock, 4>(Xs, KS, B, sx, Segment(), a.skip);
+      __syncthreads();
+      if (prod) {
+        const E* xrow = Xs + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          if (kb + i < ke) {
+            unsigned ax[4], bx[2];
+            ldsm_x4(ax, Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
+            ldsm_x2(bx, xrow + (kb + i) * KK);
+            mma_16816<E>(acc[i % NC], ax, bx);
+          }
+        }
+      }
+    }
     if (mbar) {
       // h_{s-1} is in (buffer s & 1, filled for the ((s - 1) / 2)-th time; step 0 reads h0).
       if (s > 0) mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
@@ -930,12 +973,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes);
     }
     stamp(s, 1);
-    if (ke > kb && !(a.skip & kSkipProduct)) {
-      float acc[NC][4];
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+    if (prod) {
       const E* hrow = Hcur + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
       if constexpr (NT == 1) {
         unsigned bf[2];
@@ -1024,6 +1062,14 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
           st_cluster2(dst, v);
       }
     }
+    if (WAVE && d.xchg && tid < B * (U / 2)) {
+      // The wavefront: h_t (the output) for the layer above, as tagged exchange words.
+      const int row = tid / (U / 2), w = tid - row * (U / 2), words = (H + 1) / 2;
+      if (j0 / 2 + w < words)
+        st_word(d.xchg + (static_cast<size_t>(s) * B + row) * words + j0 / 2 + w,
+                (static_cast<unsigned long long>(s + 1) << 32) |
+                    reinterpret_cast<const unsigned*>(stage)[row * (U / 2) + w]);
+    }
     stamp(s, 5);
     // Then the output and the saved state (off the critical path: the next wait absorbs them).
     if (iv && !(a.skip & kSkipWrites)) {
@@ -1049,10 +1095,10 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
 #endif
 }
 
-size_t cluster_smem_bytes(int units, int64_t H) {
+size_t cluster_smem_bytes(int units, int64_t H, bool wavefront) {
   const size_t KS = static_cast<size_t>(cluster_ks(static_cast<int>(H), units));
   const int MT = units / 4;
-  return (4 * static_cast<size_t>(units) + 2 * 8) * KS * 2 +
+  return (4 * static_cast<size_t>(units) + 2 * 8 + (wavefront ? 8 : 0)) * KS * 2 +
          (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
          2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units) * 2;
 }
@@ -1322,7 +1368,10 @@ void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArg
 
 template <class E, int MT>
 void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
-  auto kernel = persistent_cluster_kernel<E, MT>;
+  // The wavefront (a group that projects its own input) has its own instantiation: the single
+  // layers' kernel keeps its registers.
+  const bool wave = groups > 1 && a.group[1].w_ih;
+  auto kernel = wave ? persistent_cluster_kernel<E, MT, true> : persistent_cluster_kernel<E, MT, false>;
   LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
   if (p.cluster > 8) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg = {};
@@ -1341,8 +1390,11 @@ void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShap
   // clusters), so no cooperative launch; but a cluster that cannot be placed at all fails here.
   int clusters = 0;
   LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  LSTM_REQUIRE(clusters >= 1, "persistent LSTM: the device cannot place a cluster of " << p.cluster << " CTAs with "
-                                                                                       << p.smem << " bytes of shared memory each");
+  // The wavefront's groups wait on each other (layer l on layer l-1): all must fit at once.
+  LSTM_REQUIRE(clusters >= groups, "persistent LSTM: the device places " << clusters << " clusters of " << p.cluster
+                                                                         << " CTAs with " << p.smem
+                                                                         << " bytes of shared memory each at once; "
+                                                                         << groups << " are needed");
   static const bool trace = std::getenv("LSTM_PERSISTENT_TRACE") != nullptr;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LSTM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
@@ -1392,6 +1444,38 @@ void launch_cluster_backward_u(const PersistentBackArgs<E>& a, const PersistentS
   LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.cluster));
 }
 
+// How many clusters of plan p's kernel the device holds at once (cudaOccupancyMaxActiveClusters).
+template <class E, int MT>
+int cluster_capacity_mt(const PersistentShape& p) {
+  auto kernel = persistent_cluster_kernel<E, MT, true>;
+  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
+  if (p.cluster > 8) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
+  cfg.blockDim = dim3(kClusterBlock);
+  cfg.dynamicSmemBytes = p.smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  return clusters;
+}
+template <class E>
+int cluster_capacity(const PersistentShape& p) {
+  switch (p.units) {
+    case 4: return cluster_capacity_mt<E, 1>(p);
+    case 8: return cluster_capacity_mt<E, 2>(p);
+    case 16: return cluster_capacity_mt<E, 4>(p);
+    case 32: return cluster_capacity_mt<E, 8>(p);
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 std::string persistent_device(int device, PersistentDevice* out) {
@@ -1416,7 +1500,9 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     return std::string("the cluster kernels compute in BF16 or F16, not ") + dtype_name(dtype);
   if (!dev.cluster) return "the device has no thread-block clusters";
   if (Hout != H) return "the cluster kernels have no projection";
-  if (in_size) return "the cluster kernels run one layer per launch (no wavefront)";
+  if (in_size && in_size != H)
+    return "the cluster wavefront takes layers whose input is the layer below's h (input " + std::to_string(in_size) +
+           ", hidden " + std::to_string(H) + ")";
   if (B > 8) return "the cluster kernels run batches of up to 8 rows; got " + std::to_string(B);
   const int64_t k_tiles = (H + 15) / 16;
   for (int units : {4, 8, 16, 32}) {
@@ -1425,7 +1511,7 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     const int wk = kClusterWarps / (units / 4);
     if ((k_tiles + wk - 1) / wk > cluster_tiles(units / 4)) continue;
     if (cl * groups > dev.sms) continue;
-    const size_t smem = cluster_smem_bytes(units, H);
+    const size_t smem = cluster_smem_bytes(units, H, in_size > 0);
     if (smem > dev.smem_per_block) continue;
     out->units = units;
     out->ctas = static_cast<int>(cl);
@@ -1435,7 +1521,7 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     return "";
   }
   return "hidden size " + std::to_string(H) + " does not fit one cluster of " + std::to_string(kClusterMax) +
-         " CTAs with W_hh in registers";
+         " CTAs with W_hh in registers" + (in_size ? " (per layer, " + std::to_string(groups) + " layers)" : "");
 }
 
 std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
@@ -1447,9 +1533,17 @@ std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, in
   }();
   if (off) return "turned off ($LSTM_PERSISTENT_CLUSTER=0)";
   PersistentDevice dev;
-  const std::string why = persistent_device(device, &dev);
+  std::string why = persistent_device(device, &dev);
   if (!why.empty()) return why;
-  return plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out);
+  why = plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out);
+  if (!why.empty() || in_size == 0) return why;
+  // Several groups wait on each other only in the wavefront (layer l on layer l-1, never the
+  // other way): every cluster of the launch must fit the device at once.
+  const int fits = dtype == DType::BF16 ? cluster_capacity<__nv_bfloat16>(*out) : cluster_capacity<__half>(*out);
+  if (fits < groups)
+    return "the device places " + std::to_string(fits) + " clusters of " + std::to_string(out->cluster) +
+           " CTAs at once; the wavefront needs " + std::to_string(groups);
+  return "";
 }
 
 std::string plan_persistent_cluster_backward(const PersistentDevice& dev, int64_t H, int64_t B, DType dtype,
