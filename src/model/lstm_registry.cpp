@@ -93,10 +93,11 @@ std::vector<LstmBackendEntry> build_registry() {
                     return cuda::make_fused_lstm_backend(s, dt, dev, o);
                   }});
   rows.push_back({"persistent", Algo::Persistent,
-                  "GPU, F32/TF32/BF16/F16: our persistent kernels: per layer one launch for all steps, each SM "
-                  "holding a slice of W_hh in shared memory, a flag barrier per step, tensor-core products; "
-                  "batch <= 32, no projection, hidden size up to what the SMs' shared memory holds; the fused "
-                  "backward",
+                  "GPU, F32/TF32/BF16/F16: our persistent kernels, one launch for all steps, tensor-core "
+                  "products: bf16/fp16 layers up to hidden 512 at batch <= 8 in one thread-block cluster (W_hh "
+                  "in registers, h through distributed shared memory), others over the whole GPU (slices of W_hh "
+                  "in registers or shared memory, h through L2; unidirectional stacks as a wavefront); batch <= "
+                  "32, no projection, hidden size up to what the SMs hold; the fused backward",
                   false, true, true,
                   [](const LstmSpec& s, DType dt, Device dev, const LstmOptions&) {
                     return cuda::persistent_lstm_unsupported(s, dt, dev);
