@@ -48,6 +48,42 @@ TEST(Tensor, WrapIsNonOwningAndInPlace) {
   EXPECT_THROW(Tensor::wrap(nullptr, {2}, DType::F32, Device::CPU), Error);
 }
 
+// Large host blocks are reused for the same size once their tensor is gone (a call allocating the
+// same buffers again gets them without fresh pages from the kernel); small ones and live ones are
+// not shared, and the contents of a fresh tensor are whatever Tensor::empty promises (nothing).
+TEST(Tensor, LargeHostBlocksAreReusedForTheSameSize) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the block cache is off under AddressSanitizer (which then sees every use after free)";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "the block cache is off under AddressSanitizer (which then sees every use after free)";
+#endif
+#endif
+  const Shape big{3, 1 << 18};  // 3 MiB of F32
+  const void* first = nullptr;
+  {
+    Tensor a = Tensor::full(big, 1.5, DType::F32);
+    first = a.raw();
+    Tensor live = Tensor::empty(big, DType::F32);  // a is alive: another block
+    EXPECT_NE(live.raw(), first);
+  }
+  // Both blocks are kept now: the next two of that size are those two.
+  Tensor b = Tensor::empty(big, DType::F32);
+  Tensor c = Tensor::empty(big, DType::F32);
+  EXPECT_NE(b.raw(), c.raw());
+  EXPECT_TRUE(b.raw() == first || c.raw() == first) << "a freed block of the same size was not reused";
+  // Zeros are zeros whatever the block held before.
+  b.fill_(3.0);
+  b = Tensor();
+  Tensor z = Tensor::zeros(big, DType::F32);
+  for (int64_t i = 0; i < z.numel(); i += 4097) ASSERT_EQ(z.get(i), 0.0);
+  // A kept block is not handed out for another size (nor freed while kept).
+  const void* kept = c.raw();
+  c = Tensor();
+  Tensor other = Tensor::empty({3, (1 << 18) + 16}, DType::F32);
+  EXPECT_NE(other.raw(), kept);
+}
+
 TEST(Tensor, HalfConversionsRoundTrip) {
   Rng rng(1);
   for (int i = 0; i < 10000; ++i) {

@@ -1,9 +1,13 @@
 #include "lstm/tensor.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 #include "lstm/checked.hpp"
 #include "lstm/device.hpp"
@@ -169,6 +173,71 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+namespace {
+
+// Large host blocks are kept when their tensor goes and handed out again for the same size: a
+// training or inference call allocates the same buffers every time, and fresh pages from the
+// kernel (glibc maps blocks this large, then unmaps or trims them on free) cost page faults and
+// zeroing on every call, up to a quarter of a CPU LSTM step (docs/PERFORMANCE.md, CPU). At most
+// a bounded number of bytes is kept; beyond it blocks are freed as before. Never destroyed:
+// tensors in static storage may outlive any other static object. Off under AddressSanitizer,
+// which then still sees every use after free.
+class HostBlockCache {
+ public:
+  static constexpr size_t kMinBytes = 128 * 1024;
+  static HostBlockCache& get() {
+    static HostBlockCache* cache = new HostBlockCache();
+    return *cache;
+  }
+  static bool enabled() {
+#if defined(__SANITIZE_ADDRESS__)
+    return false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    return false;
+#else
+    return true;
+#endif
+#else
+    return true;
+#endif
+  }
+  // A kept block of exactly `bytes`, or null.
+  void* take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(bytes);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    kept_ -= bytes;
+    return p;
+  }
+  // Keeps p (of `bytes`) for a later take, or frees it when the cache is full.
+  void give(void* p, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (kept_ + bytes <= cap_) {
+        free_[bytes].push_back(p);
+        kept_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+ private:
+  HostBlockCache() {
+    // A quarter of the machine's memory, at most 2 GiB.
+    const uint64_t phys = physical_memory_bytes();
+    cap_ = static_cast<size_t>(std::min<uint64_t>(uint64_t{2} << 30, phys > 0 ? phys / 4 : uint64_t{256} << 20));
+  }
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t kept_ = 0, cap_ = 0;
+};
+
+}  // namespace
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = shape;
@@ -192,7 +261,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 #endif
     return t;
   }
-  size_t bytes = std::max<size_t>(64, (t.nbytes() + 63) / 64 * 64);
+  const size_t bytes = std::max<size_t>(64, (t.nbytes() + 63) / 64 * 64);
+  if (bytes >= HostBlockCache::kMinBytes && HostBlockCache::enabled()) {
+    void* p = HostBlockCache::get().take(bytes);
+    if (!p) p = std::aligned_alloc(64, bytes);
+    if (!p) throw std::bad_alloc();
+    t.storage_ = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(p),
+                                            [bytes](uint8_t* q) { HostBlockCache::get().give(q, bytes); });
+    return t;
+  }
   void* p = std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
   t.storage_ = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
