@@ -129,7 +129,7 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
       EXPECT_EQ(cluster_bwd, cluster && whole);
     }
   }
-  std::cout << "[ info     ] " << sh.name << ": " << ran << (cluster ? ", cluster of " + std::to_string(cl.cluster) : "")
+  std::cout << "[ info     ] " << sh.name << ": " << ran << (cluster ? ", cluster of " + std::to_string(cl.ctas) : "")
             << "\n";
 #endif
 }

@@ -102,15 +102,18 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
   PersistentShape s;
   // Hidden 512: 16 CTAs of 32 units (W_hh in registers: 16 k-tiles per warp).
   ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 0, 1, 8, DType::BF16, &s), "");
-  EXPECT_EQ(s.cluster, 16);
+  EXPECT_TRUE(s.cluster);
+  EXPECT_EQ(s.ctas, 16);
   EXPECT_EQ(s.units, 32);
   EXPECT_LE(s.smem, size_t{232448});
   // Smaller sizes take the smallest slice that keeps the cluster within 16 CTAs.
   ASSERT_EQ(plan_persistent_cluster(h200(), 256, 256, 0, 2, 1, DType::F16, &s), "");
-  EXPECT_EQ(s.cluster, 16);
+  EXPECT_TRUE(s.cluster);
+  EXPECT_EQ(s.ctas, 16);
   EXPECT_EQ(s.units, 16);
   ASSERT_EQ(plan_persistent_cluster(h200(), 20, 20, 0, 1, 3, DType::BF16, &s), "");
-  EXPECT_EQ(s.cluster, 5);
+  EXPECT_TRUE(s.cluster);
+  EXPECT_EQ(s.ctas, 5);
   EXPECT_EQ(s.units, 4);
   // Refusals (the grid kernels run these).
   EXPECT_NE(plan_persistent_cluster(h200(), 520, 520, 0, 1, 1, DType::BF16, &s).find("does not fit one cluster"),
@@ -120,7 +123,8 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
             std::string::npos);
   // The wavefront: one cluster per layer, each with its input buffer beside it.
   ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 512, 4, 8, DType::BF16, &s), "");
-  EXPECT_EQ(s.cluster, 16);
+  EXPECT_TRUE(s.cluster);
+  EXPECT_EQ(s.ctas, 16);
   EXPECT_EQ(s.units, 32);
   PersistentShape one;
   ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 0, 1, 8, DType::BF16, &one), "");
@@ -143,13 +147,15 @@ TEST(PersistentPlan, ClusterBackwardTakesWhatTheForwardTakes) {
         ASSERT_EQ(plan_persistent_cluster(h200(), H, H, 0, 1, B, dt, &f), "") << H;
         ASSERT_EQ(plan_persistent_cluster_backward(h200(), H, B, dt, &b), "") << H;
         EXPECT_EQ(b.units, f.units) << H;
-        EXPECT_EQ(b.cluster, f.cluster) << H;
+        EXPECT_TRUE(b.cluster) << H;
+        EXPECT_EQ(b.ctas, f.ctas) << H;
         EXPECT_LE(b.smem, size_t{232448}) << H;
       }
   // Hidden 512: W_hh^T's 32 columns x 2048 rows per CTA, 16 k-tiles per warp; the shared memory
   // holds them once (before the registers) beside two dG buffers of 8 x 2056.
   ASSERT_EQ(plan_persistent_cluster_backward(h200(), 512, 8, DType::BF16, &b), "");
-  EXPECT_EQ(b.cluster, 16);
+  EXPECT_TRUE(b.cluster);
+  EXPECT_EQ(b.ctas, 16);
   EXPECT_EQ(b.units, 32);
   EXPECT_EQ(b.smem, size_t{(32 + 16) * 2056 * 2 + 8 * 8 * 36 * 4 + 16 + 8 * 4 * 32 * 2});
   // What the forward refuses, the backward refuses with the forward's reason.

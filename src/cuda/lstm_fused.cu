@@ -845,7 +845,7 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   }
   if (plan) {
     const bool words = plan->exchange == PersistentExchange::Words;
-    last_run_ = plan->shape.cluster > 0 ? (plan->wavefront ? "persistent:cluster, wavefront" : "persistent:cluster")
+    last_run_ = plan->shape.cluster ? (plan->wavefront ? "persistent:cluster, wavefront" : "persistent:cluster")
                 : plan->wavefront       ? (words ? "persistent:wavefront, words" : "persistent:wavefront, flags")
                                         : (words ? "persistent, words" : "persistent, flags");
   } else {
@@ -860,13 +860,8 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
   auto it = persistent_plans_.find(key);
   if (it != persistent_plans_.end()) return it->second;
   PersistentPlan plan;
-  // $LSTM_PERSISTENT_WAVEFRONT=0 runs a stack layer by layer (for measurement: the cluster
-  // kernels run single layers only).
-  static const bool no_wave = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_WAVEFRONT");
-    return v && std::string(v) == "0";
-  }();
-  if (D_ == 1 && L_ > 1 && !dropout && !no_wave) {
+  // $LSTM_PERSISTENT_WAVEFRONT=0 runs a stack layer by layer (for measurement).
+  if (D_ == 1 && L_ > 1 && !dropout && !persistent_knobs().no_wavefront) {
     // The stack in one launch: one cluster per layer where the cluster kernels take it, else the
     // grid-wide kernel's wavefront.
     PersistentShape cluster;
@@ -887,7 +882,7 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
     }
   }
   // The cluster kernels hand h to the layer above as tagged words (no fence on their step's path).
-  plan.exchange = plan.shape.cluster > 0 ? PersistentExchange::Words : persistent_exchange_for(B);
+  plan.exchange = plan.shape.cluster ? PersistentExchange::Words : persistent_exchange_for(B);
   return persistent_plans_.emplace(key, plan).first->second;
 }
 
@@ -905,10 +900,6 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
   const Lane& ln = *lanes_[0];
   const DropoutParams drop = dropout_params(spec().dropout);
   const size_t xwords = persistent_exchange_words(Tn, B, Hout_, dtype());
-  static const int skip = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_SKIP");
-    return v ? std::atoi(v) : 0;
-  }();
   PersistentArgs<E> a;
   a.len = p.len;
   a.T = static_cast<int>(Tn);
@@ -918,16 +909,14 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
   a.ldy = static_cast<int>(D_ * Hout_);
   a.seq = save ? 1 : 0;
   a.fp32_split = std::is_same_v<E, float> && !allow_tf32_ ? 1 : 0;
-  a.skip = skip;
-  static const int cluster_barrier = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_CLUSTER_SYNC");
-    return v && std::string(v) == "barrier" ? 1 : 0;
-  }();
-  a.cluster_barrier = cluster_barrier;
+  a.skip = persistent_knobs().skip;
+  a.cluster_barrier = persistent_knobs().cluster_barrier ? 1 : 0;
   const bool flags = plan.exchange == PersistentExchange::Flags;
   const size_t flag_bytes = kPersistentMaxGroups * kPersistentMaxCtas * sizeof(unsigned);
-  // Group g of a launch: layer l, direction d.
-  auto fill = [&](int g, int64_t l, int64_t d, const WeightPtrs<E>& w) {
+  // Group g of a launch: layer l, direction d; `exchange`: its h_t goes to other CTAs through the
+  // exchange words in global memory (the grid kernels; the cluster wavefront's layers below the
+  // top), not only through shared memory.
+  auto fill = [&](int g, int64_t l, int64_t d, const WeightPtrs<E>& w, bool exchange) {
     const DirPtrs<E>& dp = p.dirs[static_cast<size_t>(l * D_ + d)];
     const int64_t idx = l * D_ + d;
     init_state(ln, dp, d, Tn, B, h0 ? h0 + idx * B * Hout_ : nullptr, c0 ? c0 + idx * B * H_ : nullptr);
@@ -942,14 +931,14 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
     ga.y = p.y[l] + d * Hout_;
     ga.h_n = h_n + idx * B * Hout_;
     ga.c_n = c_n + idx * B * H_;
-    ga.xchg = p.xchg + g * xwords;
-    if (flags) ga.flags = p.flags + g * kPersistentMaxCtas;
+    if (exchange) ga.xchg = p.xchg + g * xwords;
+    if (exchange && flags) ga.flags = p.flags + g * kPersistentMaxCtas;
     ga.reverse = static_cast<int>(d);
   };
   if (plan.wavefront) {
     for (int64_t l = 0; l < L_; ++l) {
       const WeightPtrs<E> w = weights_of(weights, l, 0);
-      fill(static_cast<int>(l), l, 0, w);
+      fill(static_cast<int>(l), l, 0, w, !plan.shape.cluster || l + 1 < L_);
       if (l == 0) {
         input_projection(ln, w, p.in[0], I_, a.group[0].gates, 0, Tn, B);
       } else {
@@ -959,7 +948,6 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
         a.group[l].in_flags = a.group[l - 1].flags;
       }
     }
-    if (plan.shape.cluster > 0) a.group[L_ - 1].xchg = nullptr;  // the top layer's h goes nowhere
     LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, L_ * xwords * sizeof(unsigned long long), ln.stream));
     if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
     launch_persistent<E>(a, static_cast<int>(L_), plan.shape, ln.stream);
@@ -969,12 +957,10 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
       if (l > 0 && dropout) launch_dropout<E>(ln.stream, p.y[l - 1], p.in[l], 0, Tn * B * In, layer_seed(seed, l), drop);
       for (int64_t d = 0; d < D_; ++d) {
         const WeightPtrs<E> w = weights_of(weights, l, d);
-        fill(static_cast<int>(d), l, d, w);
+        fill(static_cast<int>(d), l, d, w, !plan.shape.cluster);
         input_projection(ln, w, p.in[l], In, a.group[d].gates, 0, Tn, B);
       }
-      if (plan.shape.cluster > 0) {
-        for (int64_t d = 0; d < D_; ++d) a.group[d].xchg = nullptr;  // h goes through shared memory only
-      } else {
+      if (!plan.shape.cluster) {  // the cluster kernels' h goes through shared memory only
         LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, D_ * xwords * sizeof(unsigned long long), ln.stream));
         if (flags) LSTM_CUDA_CHECK(cudaMemsetAsync(p.flags, 0, flag_bytes, ln.stream));
       }

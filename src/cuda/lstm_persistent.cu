@@ -20,7 +20,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_rt.hpp"
@@ -674,21 +677,48 @@ bool w_in_registers(DType dtype, int units, int64_t k_tiles) {
   return (k_tiles + wm - 1) / wm <= kRegTiles;
 }
 
+// Lets `kernel` take `smem` bytes of dynamic shared memory (and, for the cluster kernels,
+// clusters of more than 8 CTAs) on the current device. The attributes are set when a launch needs
+// more than was set before, so a planned shape's launches set nothing.
+void allow_kernel(const void* kernel, size_t smem, bool cluster) {
+  int device = 0;
+  LSTM_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device): bytes
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kernel, device);
+  const auto it = allowed.find(key);
+  if (it != allowed.end() && it->second >= smem) return;
+  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  if (cluster) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  allowed[key] = smem;
+}
+
+// A launch's configuration with one attribute (cooperative, or the cluster's size); it points at
+// its own attribute, so it is filled where it stays.
+struct LaunchConfig {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  LaunchConfig(unsigned ctas, unsigned threads, size_t smem, cudaStream_t stream) {
+    cfg.gridDim = dim3(ctas);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
+
 template <class E, int MT, int NT, int KR>
 void launch_kernel(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
   auto kernel = persistent_lstm_kernel<E, MT, NT, KR>;
-  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.ctas * groups));
-  cfg.blockDim = dim3(kBlock);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.ctas));
+  allow_kernel(reinterpret_cast<const void*>(kernel), p.smem, false);
+  LaunchConfig l(static_cast<unsigned>(p.ctas * groups), kBlock, p.smem, stream);
+  l.attr[0].id = cudaLaunchAttributeCooperative;
+  l.attr[0].val.cooperative = 1;
+  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a, p.ctas));
 }
 
 template <class E, int MT, int NT>
@@ -1366,117 +1396,103 @@ void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArg
   }
 }
 
-template <class E, int MT>
-void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
-  // The wavefront (a group that projects its own input) has its own instantiation: the single
-  // layers' kernel keeps its registers.
-  const bool wave = groups > 1 && a.group[1].w_ih;
-  auto kernel = wave ? persistent_cluster_kernel<E, MT, true> : persistent_cluster_kernel<E, MT, false>;
-  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
-  if (p.cluster > 8) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster * groups));
-  cfg.blockDim = dim3(kClusterBlock);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  // All groups' clusters must be resident at once only within a cluster (nothing crosses
-  // clusters), so no cooperative launch; but a cluster that cannot be placed at all fails here.
-  int clusters = 0;
-  LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  // The wavefront's groups wait on each other (layer l on layer l-1): all must fit at once.
-  LSTM_REQUIRE(clusters >= groups, "persistent LSTM: the device places " << clusters << " clusters of " << p.cluster
-                                                                         << " CTAs with " << p.smem
-                                                                         << " bytes of shared memory each at once; "
-                                                                         << groups << " are needed");
-  static const bool trace = std::getenv("LSTM_PERSISTENT_TRACE") != nullptr;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  LSTM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (!trace || capturing != cudaStreamCaptureStatusNone || a.T < 64) {
-    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.cluster));
-    return;
+// `clusters` clusters of the cluster kernels' block, p.ctas CTAs each.
+struct ClusterConfig : LaunchConfig {
+  ClusterConfig(int clusters, const PersistentShape& p, cudaStream_t stream)
+      : LaunchConfig(static_cast<unsigned>(p.ctas * clusters), kClusterBlock, p.smem, stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(p.ctas);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
   }
-  trace_cluster_launch(cfg, kernel, a, p.cluster);
+};
+
+// How many clusters of `kernel` under plan p the current device holds at once (and the kernel
+// allowed p's shared memory and cluster size): planning time, not launch time.
+int resident_clusters(const void* kernel, const PersistentShape& p) {
+  allow_kernel(kernel, p.smem, true);
+  ClusterConfig l(1, p, nullptr);
+  int clusters = 0;
+  LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &l.cfg));
+  return clusters;
+}
+
+// The cluster kernel of a slice of `units` units (wave: the instantiation of the stack's
+// wavefront, whose groups above the first project their input themselves).
+template <class E, bool WAVE>
+auto cluster_kernel(int units) {
+  switch (units) {
+    case 4: return persistent_cluster_kernel<E, 1, WAVE>;
+    case 8: return persistent_cluster_kernel<E, 2, WAVE>;
+    case 16: return persistent_cluster_kernel<E, 4, WAVE>;
+    case 32: return persistent_cluster_kernel<E, 8, WAVE>;
+    default: LSTM_THROW("persistent LSTM: bad plan (" << units << " units per CTA)");
+  }
+}
+template <class E>
+auto cluster_backward_kernel(int units) {
+  switch (units) {
+    case 4: return persistent_cluster_backward_kernel<E, 4>;
+    case 8: return persistent_cluster_backward_kernel<E, 8>;
+    case 16: return persistent_cluster_backward_kernel<E, 16>;
+    case 32: return persistent_cluster_backward_kernel<E, 32>;
+    default: LSTM_THROW("persistent LSTM backward: bad plan (" << units << " units per CTA)");
+  }
 }
 
 template <class E>
-void launch_cluster_mt(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
+void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
   if constexpr (sizeof(E) != 2) {
     LSTM_THROW("persistent LSTM: bad plan (the cluster kernels are bf16/fp16)");
   } else {
-    switch (p.units) {
-      case 4: return launch_cluster<E, 1>(a, groups, p, stream);
-      case 8: return launch_cluster<E, 2>(a, groups, p, stream);
-      case 16: return launch_cluster<E, 4>(a, groups, p, stream);
-      case 32: return launch_cluster<E, 8>(a, groups, p, stream);
-      default: LSTM_THROW("persistent LSTM: bad plan (" << p.units << " units per CTA)");
+    // The wavefront (a group that projects its own input) has its own instantiation: the single
+    // layers' kernel keeps its registers. Its groups wait on each other (layer l on layer l-1), so
+    // all of its clusters must be resident at once; other launches' clusters are independent.
+    const bool wave = groups > 1 && a.group[1].w_ih;
+    const auto kernel = wave ? cluster_kernel<E, true>(p.units) : cluster_kernel<E, false>(p.units);
+    LSTM_REQUIRE(p.resident >= (wave ? groups : 1),
+                 "persistent LSTM: the device places " << p.resident << " clusters of " << p.ctas << " CTAs with "
+                                                       << p.smem << " bytes of shared memory each at once; "
+                                                       << (wave ? groups : 1) << " are needed");
+    allow_kernel(reinterpret_cast<const void*>(kernel), p.smem, true);
+    ClusterConfig l(groups, p, stream);
+    if (persistent_knobs().trace && a.T >= 64) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      LSTM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+      if (capturing == cudaStreamCaptureStatusNone) return trace_cluster_launch(l.cfg, kernel, a, p.ctas);
     }
+    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a, p.ctas));
   }
 }
 
-template <class E, int U>
-void launch_cluster_backward_u(const PersistentBackArgs<E>& a, const PersistentShape& p, cudaStream_t stream) {
-  auto kernel = persistent_cluster_backward_kernel<E, U>;
-  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
-  if (p.cluster > 8) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
-  cfg.blockDim = dim3(kClusterBlock);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  LSTM_REQUIRE(clusters >= 1, "persistent LSTM backward: the device cannot place a cluster of "
-                                  << p.cluster << " CTAs with " << p.smem << " bytes of shared memory each");
-  LSTM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, p.cluster));
-}
-
-// How many clusters of plan p's kernel the device holds at once (cudaOccupancyMaxActiveClusters).
-template <class E, int MT>
-int cluster_capacity_mt(const PersistentShape& p) {
-  auto kernel = persistent_cluster_kernel<E, MT, true>;
-  LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem)));
-  if (p.cluster > 8) LSTM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
-  cfg.blockDim = dim3(kClusterBlock);
-  cfg.dynamicSmemBytes = p.smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  LSTM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  return clusters;
-}
+// How many clusters of plan p's kernel the current device holds at once.
 template <class E>
-int cluster_capacity(const PersistentShape& p) {
-  switch (p.units) {
-    case 4: return cluster_capacity_mt<E, 1>(p);
-    case 8: return cluster_capacity_mt<E, 2>(p);
-    case 16: return cluster_capacity_mt<E, 4>(p);
-    case 32: return cluster_capacity_mt<E, 8>(p);
-    default: return 0;
-  }
+int cluster_capacity(const PersistentShape& p, bool wave) {
+  const auto kernel = wave ? cluster_kernel<E, true>(p.units) : cluster_kernel<E, false>(p.units);
+  return resident_clusters(reinterpret_cast<const void*>(kernel), p);
 }
 
 }  // namespace
+
+const PersistentKnobs& persistent_knobs() {
+  static const PersistentKnobs knobs = [] {
+    auto env = [](const char* name) -> std::string {
+      const char* v = std::getenv(name);
+      return v ? v : "";
+    };
+    PersistentKnobs k;
+    k.cluster_off = env("LSTM_PERSISTENT_CLUSTER") == "0";
+    k.regs_off = env("LSTM_PERSISTENT_REGS") == "0";
+    k.no_wavefront = env("LSTM_PERSISTENT_WAVEFRONT") == "0";
+    k.cluster_barrier = env("LSTM_PERSISTENT_CLUSTER_SYNC") == "barrier";
+    k.trace = std::getenv("LSTM_PERSISTENT_TRACE") != nullptr;
+    k.units = std::atoi(env("LSTM_PERSISTENT_UNITS").c_str());
+    k.skip = std::atoi(env("LSTM_PERSISTENT_SKIP").c_str());
+    k.exchange = env("LSTM_PERSISTENT_EXCHANGE");
+    return k;
+  }();
+  return knobs;
+}
 
 std::string persistent_device(int device, PersistentDevice* out) {
   int sms = 0, smem_optin = 0, coop = 0, cluster = 0;
@@ -1513,11 +1529,11 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     if (cl * groups > dev.sms) continue;
     const size_t smem = cluster_smem_bytes(units, H, in_size > 0);
     if (smem > dev.smem_per_block) continue;
+    *out = PersistentShape();
     out->units = units;
     out->ctas = static_cast<int>(cl);
-    out->n_tiles = 1;
     out->smem = smem;
-    out->cluster = static_cast<int>(cl);
+    out->cluster = true;
     return "";
   }
   return "hidden size " + std::to_string(H) + " does not fit one cluster of " + std::to_string(kClusterMax) +
@@ -1526,23 +1542,20 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
 
 std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
                                     int device, PersistentShape* out) {
-  // $LSTM_PERSISTENT_CLUSTER=0 turns the cluster kernels off (for measurement).
-  static const bool off = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_CLUSTER");
-    return v && std::string(v) == "0";
-  }();
-  if (off) return "turned off ($LSTM_PERSISTENT_CLUSTER=0)";
+  if (persistent_knobs().cluster_off) return "turned off ($LSTM_PERSISTENT_CLUSTER=0)";
   PersistentDevice dev;
   std::string why = persistent_device(device, &dev);
   if (!why.empty()) return why;
   why = plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out);
-  if (!why.empty() || in_size == 0) return why;
-  // Several groups wait on each other only in the wavefront (layer l on layer l-1, never the
-  // other way): every cluster of the launch must fit the device at once.
-  const int fits = dtype == DType::BF16 ? cluster_capacity<__nv_bfloat16>(*out) : cluster_capacity<__half>(*out);
-  if (fits < groups)
-    return "the device places " + std::to_string(fits) + " clusters of " + std::to_string(out->cluster) +
-           " CTAs at once; the wavefront needs " + std::to_string(groups);
+  if (!why.empty()) return why;
+  // Only the wavefront's groups wait on each other (layer l on layer l-1, never the other way):
+  // every cluster of its launch must fit the device at once.
+  const bool wave = in_size > 0;
+  out->resident = dtype == DType::BF16 ? cluster_capacity<__nv_bfloat16>(*out, wave) : cluster_capacity<__half>(*out, wave);
+  const int64_t needed = wave ? groups : 1;
+  if (out->resident < needed)
+    return "the device places " + std::to_string(out->resident) + " clusters of " + std::to_string(out->ctas) +
+           " CTAs at once; " + (wave ? "the wavefront needs " : "the launch needs ") + std::to_string(needed);
   return "";
 }
 
@@ -1553,7 +1566,7 @@ std::string plan_persistent_cluster_backward(const PersistentDevice& dev, int64_
   const std::string why = plan_persistent_cluster(dev, H, H, 0, 1, B, dtype, &fwd);
   if (!why.empty()) return why;
   const int units = fwd.units, mrows = units < 16 ? 16 : units;
-  const int64_t cl = fwd.cluster, k_tiles = 4 * cl * units / 16;
+  const int64_t cl = fwd.ctas, k_tiles = 4 * cl * units / 16;
   const int wk = kClusterWarps / (mrows / 16);
   if ((k_tiles + wk - 1) / wk > (mrows == 32 ? 16 : 4))
     return "hidden size " + std::to_string(H) + ": W_hh^T does not fit the backward's registers";
@@ -1567,15 +1580,19 @@ std::string plan_persistent_cluster_backward(const PersistentDevice& dev, int64_
 }
 
 std::string plan_persistent_cluster_backward(int64_t H, int64_t B, DType dtype, int device, PersistentShape* out) {
-  static const bool off = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_CLUSTER");
-    return v && std::string(v) == "0";
-  }();
-  if (off) return "turned off ($LSTM_PERSISTENT_CLUSTER=0)";
+  if (persistent_knobs().cluster_off) return "turned off ($LSTM_PERSISTENT_CLUSTER=0)";
   PersistentDevice dev;
-  const std::string why = persistent_device(device, &dev);
+  std::string why = persistent_device(device, &dev);
   if (!why.empty()) return why;
-  return plan_persistent_cluster_backward(dev, H, B, dtype, out);
+  why = plan_persistent_cluster_backward(dev, H, B, dtype, out);
+  if (!why.empty()) return why;
+  const auto resident = [&](auto kernel) { return resident_clusters(reinterpret_cast<const void*>(kernel), *out); };
+  out->resident = dtype == DType::BF16 ? resident(cluster_backward_kernel<__nv_bfloat16>(out->units))
+                                       : resident(cluster_backward_kernel<__half>(out->units));
+  if (out->resident < 1)
+    return "the device cannot place a cluster of " + std::to_string(out->ctas) + " CTAs with " +
+           std::to_string(out->smem) + " bytes of shared memory each";
+  return "";
 }
 
 std::string plan_persistent(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size, int64_t groups,
@@ -1625,31 +1642,21 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
   PersistentDevice dev;
   const std::string why = persistent_device(device, &dev);
   if (!why.empty()) return why;
-  // $LSTM_PERSISTENT_UNITS (4, 8, 16 or 32) pins the slice per CTA, for measurement.
-  static const int pinned = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_UNITS");
-    return v ? std::atoi(v) : 0;
-  }();
-  // $LSTM_PERSISTENT_REGS=0 keeps W in shared memory, for measurement.
-  static const bool regs_off = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_REGS");
-    return v && std::string(v) == "0";
-  }();
-  const std::string plan = plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, pinned);
-  if (plan.empty() && regs_off) out->w_in_registers = false;
+  // $LSTM_PERSISTENT_UNITS (4, 8, 16 or 32) pins the slice per CTA, $LSTM_PERSISTENT_REGS=0
+  // keeps W in shared memory, for measurement.
+  const PersistentKnobs& k = persistent_knobs();
+  const std::string plan = plan_persistent(dev, H, Hout, in_size, groups, B, dtype, out, k.units);
+  if (plan.empty() && k.regs_off) out->w_in_registers = false;
   return plan;
 }
 
 PersistentExchange persistent_exchange_for(int64_t B) {
-  static const int forced = [] {
-    const char* v = std::getenv("LSTM_PERSISTENT_EXCHANGE");
-    if (!v) return -1;
-    const std::string name(v);
-    LSTM_REQUIRE(name == "words" || name == "flags",
-                 "LSTM_PERSISTENT_EXCHANGE: expected words or flags, got '" << name << "'");
-    return name == "words" ? 0 : 1;
-  }();
-  if (forced >= 0) return forced == 0 ? PersistentExchange::Words : PersistentExchange::Flags;
+  const std::string& forced = persistent_knobs().exchange;
+  if (!forced.empty()) {
+    LSTM_REQUIRE(forced == "words" || forced == "flags",
+                 "LSTM_PERSISTENT_EXCHANGE: expected words or flags, got '" << forced << "'");
+    return forced == "words" ? PersistentExchange::Words : PersistentExchange::Flags;
+  }
   // Tagged words cost one L2 round trip but 8 bytes per word, every one polled; flags cost a
   // fence and two round trips but move only the values. Measured on the H200 (docs/KERNELS.md):
   // at batch 1 words were faster (bf16 hidden 256 and 1024; F32 hidden 1024, 8 KiB of words per
@@ -1660,7 +1667,7 @@ PersistentExchange persistent_exchange_for(int64_t B) {
 template <class E>
 void launch_persistent(const PersistentArgs<E>& a, int groups, const PersistentShape& p, cudaStream_t stream) {
   LSTM_REQUIRE(p.ctas > 0 && p.ctas <= kPersistentMaxCtas, "persistent LSTM: bad plan (" << p.ctas << " CTAs)");
-  if (p.cluster > 0) return launch_cluster_mt<E>(a, groups, p, stream);
+  if (p.cluster) return launch_cluster<E>(a, groups, p, stream);
   switch (p.units) {
     case 4: return launch_nt<E, 1>(a, groups, p, stream);
     case 8: return launch_nt<E, 2>(a, groups, p, stream);
@@ -1675,16 +1682,14 @@ void launch_persistent_backward(const PersistentBackArgs<E>& a, const Persistent
   if constexpr (sizeof(E) != 2) {
     LSTM_THROW("persistent LSTM backward: bad plan (the cluster kernels are bf16/fp16)");
   } else {
-    LSTM_REQUIRE(p.cluster > 0 && p.cluster <= kClusterMax, "persistent LSTM backward: bad plan (" << p.cluster << " CTAs)");
+    LSTM_REQUIRE(p.cluster && p.ctas > 0 && p.ctas <= kClusterMax && p.resident >= 1,
+                 "persistent LSTM backward: bad plan (" << p.ctas << " CTAs, " << p.resident << " resident clusters)");
     LSTM_REQUIRE(a.T > 0 && a.B > 0, "persistent LSTM backward: expected at least one step and one row, got T "
                                          << a.T << ", B " << a.B);
-    switch (p.units) {
-      case 4: return launch_cluster_backward_u<E, 4>(a, p, stream);
-      case 8: return launch_cluster_backward_u<E, 8>(a, p, stream);
-      case 16: return launch_cluster_backward_u<E, 16>(a, p, stream);
-      case 32: return launch_cluster_backward_u<E, 32>(a, p, stream);
-      default: LSTM_THROW("persistent LSTM backward: bad plan (" << p.units << " units per CTA)");
-    }
+    const auto kernel = cluster_backward_kernel<E>(p.units);
+    allow_kernel(reinterpret_cast<const void*>(kernel), p.smem, true);
+    ClusterConfig l(1, p, stream);
+    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a, p.ctas));
   }
 }
 

@@ -19,15 +19,29 @@ namespace lstm::cuda {
 
 // How a launch is spread over the GPU: `units` hidden units per CTA (4*units rows of W_hh, and of
 // W_ih for groups that project their input themselves, in its shared memory), `ctas` CTAs per
-// group, `n_tiles` mma tiles of 8 batch rows, `smem` bytes of dynamic shared memory per CTA;
-// `w_in_registers`: the warps keep their W tiles in registers rather than reading them from
-// shared memory every step (docs/KERNELS.md, "Mapping").
+// group, `smem` bytes of dynamic shared memory per CTA. The grid-wide kernels: `n_tiles` mma tiles
+// of 8 batch rows; `w_in_registers`: the warps keep their W tiles in registers rather than reading
+// them from shared memory every step (docs/KERNELS.md, "Mapping"). The cluster kernels
+// (`cluster`): each group is one thread-block cluster of `ctas` CTAs, and `resident` says how many
+// such clusters the device holds at once (planned on a device; 0 from the pure planner).
 struct PersistentShape {
   int units = 0, ctas = 0, n_tiles = 0;
   size_t smem = 0;
   bool w_in_registers = false;
-  int cluster = 0;  // > 0: the cluster kernel, one cluster of this many CTAs per group
+  bool cluster = false;
+  int resident = 0;
 };
+
+// The measurement knobs of the persistent kernels (docs/DEVELOPING.md), read from the environment
+// once per process: $LSTM_PERSISTENT_CLUSTER=0 (cluster_off), _UNITS (units), _REGS=0 (regs_off),
+// _EXCHANGE (exchange, "" when unset), _WAVEFRONT=0 (no_wavefront), _SKIP (skip, PersistentSkip
+// bits), _CLUSTER_SYNC=barrier (cluster_barrier), _TRACE (trace).
+struct PersistentKnobs {
+  bool cluster_off = false, regs_off = false, no_wavefront = false, cluster_barrier = false, trace = false;
+  int units = 0, skip = 0;
+  std::string exchange;
+};
+const PersistentKnobs& persistent_knobs();
 
 // The most groups (layer directions) one launch runs, and CTAs per group (the flag exchange's
 // flags per group).
@@ -66,10 +80,11 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
 // The cluster kernels (docs/KERNELS.md, "Clusters"): one thread-block cluster of up to 16 CTAs
 // per group holds W_hh in registers and hands h_t over through distributed shared memory, for
 // bf16/fp16, batch <= 8, one layer per launch, no projection. A pure function of the device's
-// properties like plan_persistent; "" and *out filled (cluster > 0), or why not.
+// properties like plan_persistent; "" and *out filled (cluster set), or why not.
 std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size,
                                     int64_t groups, int64_t B, DType dtype, PersistentShape* out);
-// The same on CUDA device `device` ($LSTM_PERSISTENT_CLUSTER=0 turns them off).
+// The same on CUDA device `device` ($LSTM_PERSISTENT_CLUSTER=0 turns them off), with `resident`
+// (a stack's wavefront, groups waiting on each other, needs all of its clusters at once).
 std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
                                     int device, PersistentShape* out);
 
