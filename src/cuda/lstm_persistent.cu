@@ -826,6 +826,21 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       "r"(parity)
       : "memory");
 }
+// Asynchronous copies of exchange words into shared memory (16 bytes through L2 only, or 8),
+// waited for by the issuing thread with cp_async_wait_all. Each aligned 8-byte word is read whole
+// (a word is written by one 8-byte store), so its tag still says whether its data is the step's;
+// a word read too early is read again with ld_word.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Every thread of every CTA of the cluster: the writes before (to any CTA's shared memory) are
 // visible to the reads after.
 __device__ __forceinline__ void cluster_sync() {
@@ -871,11 +886,13 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
   E* stage = reinterpret_cast<E*>(bars + 2);  // [NP][U]: this CTA's h_t, what it sends
   // The wavefront (d.w_ih set): [NP, KS] the input of the step, layer l-1's h_t from its exchange
-  // words; W_ih's rows of this CTA's units stay in Ws after W_hh has gone to the registers.
+  // words; W_ih's rows of this CTA's units stay in Ws after W_hh has gone to the registers. Xraw:
+  // the next step's exchange words as they arrive ([NP * KS / 2] words at most, 16-byte aligned).
   E* Xs = stage + NP * U;
+  auto* Xraw = reinterpret_cast<unsigned long long*>(Xs + NP * KS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
-  long long* const trace = a.trace && grp == 0 && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
+  long long* const trace = a.trace && grp == a.trace_group && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
                                ? a.trace + (rank == 0 ? 0 : 1) * static_cast<size_t>(T) * kTraceStamps
                                : nullptr;
   auto stamp = [&](int s, int k) {
@@ -960,6 +977,41 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     for (int gate = 0; gate < 4; ++gate) gx[gate] = on ? g[gate * H] : 0.f;
   };
   load_gx(0);
+  // The wavefront's input, one step ahead: every thread copies the same words of each step's slot
+  // of the layer below's exchange (16 bytes at a time where the slot's word count is even) into
+  // Xraw while the step before runs, and at the step checks their tags (waiting for the layer below
+  // only where it is behind) and unpacks them into Xs. A layer that had to wait falls a little
+  // further behind the one below, until its copies find the words there.
+  const bool xin = WAVE && d.w_ih;
+  const int xw = xin ? (d.in_size + 1) / 2 : 1, nx = xin ? B * xw : 0;
+  const bool x16 = (nx & 1) == 0;
+  auto x_prefetch = [&](int s_next) {
+    if (s_next >= T) return;
+    const unsigned long long* src = d.in_xchg + static_cast<size_t>(s_next) * nx;
+    if (x16) {
+      for (int i = 2 * tid; i < nx; i += 2 * kClusterBlock) cp_async16(Xraw + i, src + i);
+    } else {
+      for (int i = tid; i < nx; i += kClusterBlock) cp_async8(Xraw + i, src + i);
+    }
+  };
+  auto x_take = [&](int s_now) {
+    cp_async_wait_all();
+    const unsigned long long* src = d.in_xchg + static_cast<size_t>(s_now) * nx;
+    const unsigned tag = static_cast<unsigned>(s_now + 1);
+    const int per = x16 ? 2 : 1;
+    for (int i0 = per * tid; i0 < nx; i0 += per * kClusterBlock) {
+      for (int i = i0; i < i0 + per; ++i) {
+        unsigned long long v = Xraw[i];
+        while (!(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != tag) {
+          if (!(a.skip & kSkipSleep)) __nanosleep(32);
+          v = ld_word(src + i);
+        }
+        const int row = i / xw, w = i - row * xw;
+        *reinterpret_cast<unsigned*>(Xs + row * KS + w * kValuesPerWord<E>) = static_cast<unsigned>(v);
+      }
+    }
+  };
+  if (WAVE && d.w_ih) x_prefetch(0);
   cluster_sync();  // every CTA started and its buffers zeroed before anyone writes into them
 
   for (int s = 0; s < T; ++s) {
@@ -973,15 +1025,11 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
     if (WAVE && d.w_ih) {
-      // The input of step s: layer l-1's h_s from its exchange words (tag s + 1), then W_ih x_s
-      // while h_{s-1} is still on its way.
-      Segment sx;
-      sx.src = d.in_xchg + static_cast<size_t>(s) * B * ((d.in_size + 1) / 2);
-      sx.words = (d.in_size + 1) / 2;
-      sx.tag = static_cast<unsigned>(s + 1);
-      // (At most 8 x 256 words: four per thread, one batch.)
-      exchange_to_shared<E, kClusterBlock, 4>(Xs, KS, B, sx, Segment(), a.skip);
+      // The input of step s: layer l-1's h_s from its exchange words (tag s + 1), then the next
+      // step's copies, then W_ih x_s while h_{s-1} is still on its way.
+      x_take(s);
       __syncthreads();
+      x_prefetch(s + 1);
       if (prod) {
         const E* xrow = Xs + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -1128,7 +1176,8 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
 size_t cluster_smem_bytes(int units, int64_t H, bool wavefront) {
   const size_t KS = static_cast<size_t>(cluster_ks(static_cast<int>(H), units));
   const int MT = units / 4;
-  return (4 * static_cast<size_t>(units) + 2 * 8 + (wavefront ? 8 : 0)) * KS * 2 +
+  // (The wavefront's Xs, 8 x KS values, and Xraw, 8 x KS / 2 words.)
+  return (4 * static_cast<size_t>(units) + 2 * 8 + (wavefront ? 8 + 8 * 2 : 0)) * KS * 2 +
          (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
          2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units) * 2;
 }
@@ -1354,11 +1403,12 @@ size_t cluster_back_smem_bytes(int units, int64_t H) {
 // $LSTM_PERSISTENT_TRACE: runs the launch with clock stamps, waits for it, and prints the
 // median cycles of each stage of a step (steps 16 to T - 16) to stderr. Measurement only.
 template <class E, class K>
-void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArgs<E> a, int cl) {
+void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArgs<E> a, int cl, int group) {
   const size_t n = 2 * static_cast<size_t>(a.T) * kTraceStamps;
   long long* buf = nullptr;
   LSTM_CUDA_CHECK(cudaMalloc(&buf, n * sizeof(long long)));
   a.trace = buf;
+  a.trace_group = group;
   cudaEvent_t e0, e1;
   LSTM_CUDA_CHECK(cudaEventCreate(&e0));
   LSTM_CUDA_CHECK(cudaEventCreate(&e1));
@@ -1375,8 +1425,9 @@ void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArg
   LSTM_CUDA_CHECK(cudaEventDestroy(e1));
   const char* names[kTraceStamps] = {"wait", "product", "CTA barrier", "cell", "barrier+sends", "writes+x-proj load+loop"};
   for (int c = 0; c < 2; ++c) {
-    std::fprintf(stderr, "persistent trace: T=%d B=%d H=%d, CTA %d of %d, launch %.3f ms, median cycles per step:", a.T,
-                 a.B, a.H, c == 0 ? 0 : cl - 1, cl, ms);
+    std::fprintf(stderr,
+                 "persistent trace: T=%d B=%d H=%d, group %d, CTA %d of %d, launch %.3f ms, median cycles per step:",
+                 a.T, a.B, a.H, group, c == 0 ? 0 : cl - 1, cl, ms);
     const long long* t = h.data() + static_cast<size_t>(c) * a.T * kTraceStamps;
     long long total = 0;
     for (int k = 0; k < kTraceStamps; ++k) {
@@ -1456,10 +1507,11 @@ void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShap
                                                        << (wave ? groups : 1) << " are needed");
     allow_kernel(reinterpret_cast<const void*>(kernel), p.smem, true);
     ClusterConfig l(groups, p, stream);
-    if (persistent_knobs().trace && a.T >= 64) {
+    if (const int traced = persistent_knobs().trace; traced > 0 && a.T >= 64) {
       cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
       LSTM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-      if (capturing == cudaStreamCaptureStatusNone) return trace_cluster_launch(l.cfg, kernel, a, p.ctas);
+      if (capturing == cudaStreamCaptureStatusNone)
+        return trace_cluster_launch(l.cfg, kernel, a, p.ctas, std::min(traced, groups) - 1);
     }
     LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a, p.ctas));
   }
@@ -1485,7 +1537,7 @@ const PersistentKnobs& persistent_knobs() {
     k.regs_off = env("LSTM_PERSISTENT_REGS") == "0";
     k.no_wavefront = env("LSTM_PERSISTENT_WAVEFRONT") == "0";
     k.cluster_barrier = env("LSTM_PERSISTENT_CLUSTER_SYNC") == "barrier";
-    k.trace = std::getenv("LSTM_PERSISTENT_TRACE") != nullptr;
+    k.trace = std::getenv("LSTM_PERSISTENT_TRACE") ? std::max(1, std::atoi(env("LSTM_PERSISTENT_TRACE").c_str())) : 0;
     k.units = std::atoi(env("LSTM_PERSISTENT_UNITS").c_str());
     k.skip = std::atoi(env("LSTM_PERSISTENT_SKIP").c_str());
     k.exchange = env("LSTM_PERSISTENT_EXCHANGE");

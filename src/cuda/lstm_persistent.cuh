@@ -35,10 +35,11 @@ struct PersistentShape {
 // The measurement knobs of the persistent kernels (docs/DEVELOPING.md), read from the environment
 // once per process: $LSTM_PERSISTENT_CLUSTER=0 (cluster_off), _UNITS (units), _REGS=0 (regs_off),
 // _EXCHANGE (exchange, "" when unset), _WAVEFRONT=0 (no_wavefront), _SKIP (skip, PersistentSkip
-// bits), _CLUSTER_SYNC=barrier (cluster_barrier), _TRACE (trace).
+// bits), _CLUSTER_SYNC=barrier (cluster_barrier), _TRACE=N (trace: the N-th group of a launch, 1
+// the first; 0 when unset).
 struct PersistentKnobs {
-  bool cluster_off = false, regs_off = false, no_wavefront = false, cluster_barrier = false, trace = false;
-  int units = 0, skip = 0;
+  bool cluster_off = false, regs_off = false, no_wavefront = false, cluster_barrier = false;
+  int units = 0, skip = 0, trace = 0;
   std::string exchange;
 };
 const PersistentKnobs& persistent_knobs();
@@ -152,9 +153,10 @@ struct PersistentArgs {
   // Measurement only ($LSTM_PERSISTENT_CLUSTER_SYNC=barrier): the cluster kernels end each step
   // with a cluster-wide barrier instead of waiting on their per-CTA transaction barriers.
   int cluster_barrier = 0;
-  // Measurement only ($LSTM_PERSISTENT_TRACE=1, set by the launch): clock stamps of each step's
-  // stages in the first and last CTA of group 0's cluster (kTraceStamps per step).
+  // Measurement only ($LSTM_PERSISTENT_TRACE=N, set by the launch): clock stamps of each step's
+  // stages in the first and last CTA of group trace_group's cluster (kTraceStamps per step).
   long long* trace = nullptr;
+  int trace_group = 0;
 };
 
 // The recurrent sweep of one direction's backward in one cluster launch (the cluster kernels'
