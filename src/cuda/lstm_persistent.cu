@@ -762,9 +762,10 @@ constexpr int kClusterMax = 16;      // CTAs per cluster (non-portable above 8)
 // k-tiles of W each warp holds in registers, by m-tiles per CTA (MT): the planner's smallest slice
 // for each hidden size needs 1 (hidden <= 128), 4 (<= 256) or 16 (<= 512).
 __host__ __device__ constexpr int cluster_tiles(int mt) { return mt >= 8 ? 16 : mt >= 4 ? 4 : 1; }
-// $LSTM_PERSISTENT_TRACE: per step, the clock at the top of the step, after the wait, after the
+// $LSTM_PERSISTENT_TRACE: per step, the clock at the top of the step, after the wavefront's input
+// (taken and the next step's copies issued), after its W_ih product, after the wait, after the
 // product, after the CTA barrier, after the cell, after the sends.
-constexpr int kTraceStamps = 6;
+constexpr int kTraceStamps = 8;
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // cluster instructions: sm_90 and later
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -1030,7 +1031,8 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       x_take(s);
       __syncthreads();
       x_prefetch(s + 1);
-      if (prod) {
+      stamp(s, 1);
+      if (prod && !(a.skip & kSkipInput)) {
         const E* xrow = Xs + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
@@ -1042,7 +1044,10 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
           }
         }
       }
+    } else {
+      stamp(s, 1);
     }
+    stamp(s, 2);
     if (mbar) {
       // h_{s-1} is in (buffer s & 1, filled for the ((s - 1) / 2)-th time; step 0 reads h0).
       if (s > 0) mbar_wait(&bars[s & 1], static_cast<unsigned>(((s - 1) >> 1) & 1));
@@ -1050,7 +1055,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       // has h_s, so after this thread's wait above).
       if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes);
     }
-    stamp(s, 1);
+    stamp(s, 3);
     if (prod) {
       const E* hrow = Hcur + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
       if constexpr (NT == 1) {
@@ -1089,9 +1094,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       rw[col * RS + row + 8] = acc[0][2];
       rw[(col + 1) * RS + row + 8] = acc[0][3];
     }
-    stamp(s, 2);
+    stamp(s, 4);
     __syncthreads();
-    stamp(s, 3);
+    stamp(s, 5);
     if (iv) {
       const bool active = t < len;
       if (active && !(a.skip & kSkipCell)) {
@@ -1120,7 +1125,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       // never read again) into the staging buffer the senders read.
       stage[b * U + u] = d.reverse || active ? hcur : from_f<E>(0.f);
     }
-    stamp(s, 4);
+    stamp(s, 6);
     __syncthreads();
     if (sender && (s + 1 < T || !mbar)) {  // with the transaction barriers h_{T-1} goes nowhere (a CTA may have left)
       const unsigned parity = static_cast<unsigned>((s + 1) & 1);
@@ -1148,7 +1153,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
                 (static_cast<unsigned long long>(s + 1) << 32) |
                     reinterpret_cast<const unsigned*>(stage)[row * (U / 2) + w]);
     }
-    stamp(s, 5);
+    stamp(s, 7);
     // Then the output and the saved state (off the critical path: the next wait absorbs them).
     if (iv && !(a.skip & kSkipWrites)) {
       const bool active = t < len;
@@ -1423,7 +1428,8 @@ void trace_cluster_launch(const cudaLaunchConfig_t& cfg, K kernel, PersistentArg
   LSTM_CUDA_CHECK(cudaFree(buf));
   LSTM_CUDA_CHECK(cudaEventDestroy(e0));
   LSTM_CUDA_CHECK(cudaEventDestroy(e1));
-  const char* names[kTraceStamps] = {"wait", "product", "CTA barrier", "cell", "barrier+sends", "writes+x-proj load+loop"};
+  const char* names[kTraceStamps] = {"input",       "input product", "wait",          "product",
+                                     "CTA barrier", "cell",          "barrier+sends", "writes+x-proj load+loop"};
   for (int c = 0; c < 2; ++c) {
     std::fprintf(stderr,
                  "persistent trace: T=%d B=%d H=%d, group %d, CTA %d of %d, launch %.3f ms, median cycles per step:",

@@ -138,6 +138,7 @@ enum PersistentSkip : int {
   kSkipWrites = 16,   // the output and saved-state writes
   kSkipGates = 32,    // reading the x-projection values
   kSkipSleep = 64,    // polling without __nanosleep
+  kSkipInput = 128,   // the cluster wavefront's input product (W_ih x_t)
 };
 
 template <class E>
