@@ -86,10 +86,11 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   ASSERT_EQ(why, "") << "the persistent backend refuses a shape this test is for";
 
   // What the planner of this device offers: the cluster kernel for a layer it fits, and for a
-  // unidirectional stack one cluster per layer in one launch (the wavefront).
+  // unidirectional stack one cluster per layer and one per layer above the first for its input
+  // projection, in one launch (the wavefront).
   cuda::PersistentShape cl;
   const bool wave = sh.layers > 1 && !sh.bi;
-  const bool cluster = cuda::plan_persistent_cluster(sh.H, sh.H, wave ? sh.H : 0, wave ? sh.layers : spec.directions(),
+  const bool cluster = cuda::plan_persistent_cluster(sh.H, sh.H, wave ? sh.H : 0, wave ? 2 * sh.layers - 1 : spec.directions(),
                                                      sh.B, q.prec.dtype, 0, &cl)
                            .empty();
   cuda::PersistentDevice dev;

@@ -121,8 +121,9 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
   EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 1, DType::F32, &s).find("BF16 or F16"), std::string::npos);
   EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 9, DType::BF16, &s).find("up to 8 rows"),
             std::string::npos);
-  // The wavefront: one cluster per layer, each with its input buffer beside it.
-  ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 512, 4, 8, DType::BF16, &s), "");
+  // The wavefront of 4 layers: 7 clusters (the layers, and the input projections of layers 1 to 3),
+  // each with the projection's input buffers.
+  ASSERT_EQ(plan_persistent_cluster(h200(), 512, 512, 512, 7, 8, DType::BF16, &s), "");
   EXPECT_TRUE(s.cluster);
   EXPECT_EQ(s.ctas, 16);
   EXPECT_EQ(s.units, 32);
@@ -132,6 +133,9 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
   EXPECT_EQ(s.smem, one.smem + 8 * (512 + 8) * 2 + 8 * (512 + 8) / 2 * 8);
   EXPECT_LE(s.smem, size_t{232448});
   EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 128, 2, 1, DType::BF16, &s).find("the layer below's h"),
+            std::string::npos);
+  // Five layers would take 9 clusters, more than one launch runs.
+  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 256, 9, 1, DType::BF16, &s).find("at most 8 clusters"),
             std::string::npos);
   PersistentDevice old = h200();
   old.cluster = false;

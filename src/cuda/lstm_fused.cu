@@ -254,6 +254,7 @@ struct ForwardPtrs {
   std::vector<DirPtrs<E>> dirs;  // [L*D]
   unsigned long long* xchg = nullptr;  // persistent: max(D, L) x persistent_exchange_words, the h exchange
   unsigned* flags = nullptr;           // persistent: [kPersistentMaxGroups, kPersistentMaxCtas] (flag exchange)
+  unsigned long long* gx = nullptr;    // persistent cluster wavefront: [L-1, T, B, 4H] tagged x-projections
 };
 
 template <class E>
@@ -519,6 +520,10 @@ ForwardPtrs<E> FusedLstm<E>::carve_forward(Carver& sc, Carver& wc, int64_t Tn, i
   if (persistent_) {
     p.xchg = wc.take<unsigned long long>(std::max(D_, L_) * persistent_exchange_words(Tn, B, Hout_, dtype()));
     p.flags = wc.take<unsigned>(kPersistentMaxGroups * kPersistentMaxCtas);
+    // (The plan of this batch was made before the call carves its buffers.)
+    const auto plan = persistent_plans_.find(std::make_pair(B, dropout));
+    if (plan != persistent_plans_.end() && plan->second.wavefront && plan->second.shape.cluster)
+      p.gx = wc.take<unsigned long long>((L_ - 1) * Tn * B * G_);
   }
   p.x0 = keep.take<E>(Tn * B * I_);
   // Per-lane state (inference) and projection scratch.
@@ -862,10 +867,10 @@ const typename FusedLstm<E>::PersistentPlan& FusedLstm<E>::persistent_plan(int64
   PersistentPlan plan;
   // $LSTM_PERSISTENT_WAVEFRONT=0 runs a stack layer by layer (for measurement).
   if (D_ == 1 && L_ > 1 && !dropout && !persistent_knobs().no_wavefront) {
-    // The stack in one launch: one cluster per layer where the cluster kernels take it, else the
-    // grid-wide kernel's wavefront.
+    // The stack in one launch: one cluster per layer and one per layer above the first for its
+    // input projection, where the cluster kernels take it, else the grid-wide kernel's wavefront.
     PersistentShape cluster;
-    if (plan_persistent_cluster(H_, Hout_, Hout_, L_, B, dtype(), lane_device_, &cluster).empty()) {
+    if (plan_persistent_cluster(H_, Hout_, Hout_, 2 * L_ - 1, B, dtype(), lane_device_, &cluster).empty()) {
       plan.shape = cluster;
       plan.wavefront = true;
     } else {
@@ -935,10 +940,33 @@ void FusedLstm<E>::persistent_layers(const PersistentPlan& plan, const ForwardPt
     if (exchange && flags) ga.flags = p.flags + g * kPersistentMaxCtas;
     ga.reverse = static_cast<int>(d);
   };
-  if (plan.wavefront) {
+  if (plan.wavefront && plan.shape.cluster) {
+    // Groups 0 .. L-1: the layers; L + l - 1: layer l's input projection (W_ih times layer l-1's
+    // exchange words, step by step, into the tagged words layer l reads).
+    const size_t gx_words = static_cast<size_t>(Tn * B * G_);
     for (int64_t l = 0; l < L_; ++l) {
       const WeightPtrs<E> w = weights_of(weights, l, 0);
-      fill(static_cast<int>(l), l, 0, w, !plan.shape.cluster || l + 1 < L_);
+      fill(static_cast<int>(l), l, 0, w, l + 1 < L_);
+      if (l == 0) {
+        input_projection(ln, w, p.in[0], I_, a.group[0].gates, 0, Tn, B);
+        continue;
+      }
+      unsigned long long* gx = p.gx + (l - 1) * gx_words;
+      a.group[l].gx_in = gx;
+      PersistentGroup<E>& pg = a.group[L_ + l - 1];
+      pg = PersistentGroup<E>();
+      pg.w_ih = w.ih;
+      pg.in_size = static_cast<int>(Hout_);
+      pg.in_xchg = a.group[l - 1].xchg;
+      pg.gx_out = gx;
+    }
+    LSTM_CUDA_CHECK(cudaMemsetAsync(p.xchg, 0, (L_ - 1) * xwords * sizeof(unsigned long long), ln.stream));
+    LSTM_CUDA_CHECK(cudaMemsetAsync(p.gx, 0, (L_ - 1) * gx_words * sizeof(unsigned long long), ln.stream));
+    launch_persistent<E>(a, static_cast<int>(2 * L_ - 1), plan.shape, ln.stream);
+  } else if (plan.wavefront) {
+    for (int64_t l = 0; l < L_; ++l) {
+      const WeightPtrs<E> w = weights_of(weights, l, 0);
+      fill(static_cast<int>(l), l, 0, w, true);
       if (l == 0) {
         input_projection(ln, w, p.in[0], I_, a.group[0].gates, 0, Tn, B);
       } else {

@@ -886,9 +886,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // [2]: the transaction barriers of the two Hs buffers (8-byte aligned: 4 U floats before).
   auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
   E* stage = reinterpret_cast<E*>(bars + 2);  // [NP][U]: this CTA's h_t, what it sends
-  // The wavefront (d.w_ih set): [NP, KS] the input of the step, layer l-1's h_t from its exchange
-  // words; W_ih's rows of this CTA's units stay in Ws after W_hh has gone to the registers. Xraw:
-  // the next step's exchange words as they arrive ([NP * KS / 2] words at most, 16-byte aligned).
+  // A projection group of the wavefront (d.gx_out set): Xs [NP, KS] the input of the step, the
+  // layer below's h_t from its exchange words; Xraw the next step's exchange words as they arrive
+  // ([NP * KS / 2] words at most, 16-byte aligned).
   E* Xs = stage + NP * U;
   auto* Xraw = reinterpret_cast<unsigned long long*>(Xs + NP * KS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -900,17 +900,21 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     if (trace) trace[static_cast<size_t>(s) * kTraceStamps + k] = clock64();
   };
 
+  // The rows this CTA multiplies: its units' rows of W_hh, or of W_ih in a projection group.
+  const bool proj = WAVE && d.gx_out;
+  const E* const w_src = proj ? d.w_ih : d.w_hh;
+  const int w_cols = proj ? d.in_size : H;
   for (int i = tid; i < ROWS * KS; i += kClusterBlock) {
     const int r = i / KS, col = i - r * KS;
     const int gate = r / U, u = r - gate * U;
     E v = from_f<E>(0.f);
-    if (u < nU && col < H) v = d.w_hh[static_cast<size_t>(gate * H + j0 + u) * H + col];
+    if (u < nU && col < w_cols) v = w_src[static_cast<size_t>(gate * H + j0 + u) * w_cols + col];
     Ws[i] = v;
   }
   for (int i = tid; i < 2 * NP * KS; i += kClusterBlock) Hs[i] = from_f<E>(0.f);
   for (int i = tid; i < WK * NP * RS; i += kClusterBlock) red[i] = 0.f;  // warps without k-tiles never write theirs
   for (int i = tid; i < NP * U; i += kClusterBlock) stage[i] = from_f<E>(0.f);
-  if (WAVE && d.w_ih)
+  if (proj)
     for (int i = tid; i < NP * KS; i += kClusterBlock) Xs[i] = from_f<E>(0.f);
   for (int i = tid; i < 4 * U; i += kClusterBlock) {
     const int gate = i / U, u = i - gate * U, j = j0 + u;
@@ -928,7 +932,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   __syncthreads();
   const size_t h_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
   const size_t c_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
-  copy_h_to_shared(Hs, d.h + h_first, B, H, KS);  // h0 into buffer 0 (every CTA its own copy)
+  if (!proj) copy_h_to_shared(Hs, d.h + h_first, B, H, KS);  // h0 into buffer 0 (every CTA its own copy)
   // Warp w: m-tile w % MT, k-tiles [kb, ke) of its share w / MT (ke - kb <= NT: the planner).
   const int m = warp % MT, kp = warp / MT;
   const int kb = kp * KT / WK, ke = (kp + 1) * KT / WK;
@@ -939,16 +943,6 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       ldsm_x4(afr[i], Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
     else
       afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;  // a zero tile: its product adds nothing
-  }
-  if (WAVE && d.w_ih) {  // W_hh is in the registers: Ws takes W_ih's rows (In = H, the same width)
-    __syncthreads();
-    for (int i = tid; i < ROWS * KS; i += kClusterBlock) {
-      const int r = i / KS, col = i - r * KS;
-      const int gate = r / U, uu = r - gate * U;
-      E v = from_f<E>(0.f);
-      if (uu < nU && col < d.in_size) v = d.w_ih[static_cast<size_t>(gate * H + j0 + uu) * d.in_size + col];
-      Ws[i] = v;
-    }
   }
   // This thread's send: chunk c (VW words) of batch row `row` to rank r, the same chunk of the
   // same buffer every step (the parity's buffer and barrier are an offset away).
@@ -964,27 +958,49 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // This thread's cell item: batch row b of unit j0 + u.
   const bool iv = tid < nU * B;
   const int b = iv ? tid % B : 0, u = iv ? tid / B : 0, j = j0 + u;
-  float cst = iv ? d.c[c_first + static_cast<size_t>(b) * H + j] : 0.f;
-  E hcur = iv ? d.h[h_first + static_cast<size_t>(b) * H + j] : from_f<E>(0.f);
+  float cst = iv && !proj ? d.c[c_first + static_cast<size_t>(b) * H + j] : 0.f;
+  E hcur = iv && !proj ? d.h[h_first + static_cast<size_t>(b) * H + j] : from_f<E>(0.f);
   const int len = iv ? a.len[b] : 0;
   // The x-projection values of the next step, loaded at the end of a step (their latency passes
-  // during the wait and the product).
-  float gx[4];
+  // during the wait and the product): plain floats of the GEMM before the launch, or, for a layer
+  // of the wavefront above the first (d.gx_in), the tagged words its projection group writes (the
+  // tag checked at the cell, where a word read before it was written is read again).
+  using Gx = std::conditional_t<WAVE, unsigned long long, float>;
+  Gx gx[4];
   auto load_gx = [&](int s_load) {
     const int t_load = d.reverse ? T - 1 - s_load : s_load;
-    const bool on = iv && s_load < T && !(WAVE && d.w_ih) && !(a.skip & kSkipGates);  // wavefront: projected here
-    const float* g = d.gates + (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
+    const bool on = iv && !proj && s_load < T && !(a.skip & kSkipGates);
+    const size_t at = (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
 #pragma unroll
-    for (int gate = 0; gate < 4; ++gate) gx[gate] = on ? g[gate * H] : 0.f;
+    for (int gate = 0; gate < 4; ++gate) {
+      if constexpr (WAVE) {
+        gx[gate] = !on ? 0ull : d.gx_in ? ld_word(d.gx_in + at + gate * H) : __float_as_uint(d.gates[at + gate * H]);
+      } else {
+        gx[gate] = on ? d.gates[at + gate * H] : 0.f;
+      }
+    }
+  };
+  auto gx_value = [&](int gate, int s_now) -> float {
+    if constexpr (WAVE) {
+      if (d.gx_in && !(a.skip & (kSkipGates | kSkipWait))) {
+        const size_t at = (static_cast<size_t>(s_now) * B + b) * 4 * H + j + gate * H;
+        while (static_cast<unsigned>(gx[gate] >> 32) != static_cast<unsigned>(s_now + 1)) {
+          if (!(a.skip & kSkipSleep)) __nanosleep(32);
+          gx[gate] = ld_word(d.gx_in + at);
+        }
+      }
+      return __uint_as_float(static_cast<unsigned>(gx[gate]));
+    } else {
+      return gx[gate];
+    }
   };
   load_gx(0);
-  // The wavefront's input, one step ahead: every thread copies the same words of each step's slot
-  // of the layer below's exchange (16 bytes at a time where the slot's word count is even) into
-  // Xraw while the step before runs, and at the step checks their tags (waiting for the layer below
-  // only where it is behind) and unpacks them into Xs. A layer that had to wait falls a little
-  // further behind the one below, until its copies find the words there.
-  const bool xin = WAVE && d.w_ih;
-  const int xw = xin ? (d.in_size + 1) / 2 : 1, nx = xin ? B * xw : 0;
+  // A projection group's input, one step ahead: every thread copies the same words of each step's
+  // slot of the layer below's exchange (16 bytes at a time where the slot's word count is even)
+  // into Xraw while the step before runs, and at the step checks their tags (waiting for the layer
+  // below only where it is behind) and unpacks them into Xs. A group that had to wait falls a
+  // little further behind the layer below, until its copies find the words there.
+  const int xw = proj ? (d.in_size + 1) / 2 : 1, nx = proj ? B * xw : 0;
   const bool x16 = (nx & 1) == 0;
   auto x_prefetch = [&](int s_next) {
     if (s_next >= T) return;
@@ -1012,41 +1028,94 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       }
     }
   };
-  if (WAVE && d.w_ih) x_prefetch(0);
+  // The product of this CTA's rows of W (registers) with the [NP, KS] values at src (h_{t-1}, or a
+  // projection group's input), each warp's partial sums into red.
+  auto multiply = [&](const E* src) {
+    float acc[NC][4];
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+    const E* hrow = src + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
+    if constexpr (NT == 1) {
+      unsigned bf[2];
+      ldsm_x2(bf, hrow + kb * KK);
+      mma_16816<E>(acc[0], afr[0], bf);
+    } else {
+      // Two k-tiles per ldmatrix (lanes 16-31 address the second; past the warp's last tile
+      // they re-read it, against a zero tile of W), four tiles loaded before their products.
+#pragma unroll
+      for (int i0 = 0; i0 < NT; i0 += 4) {
+        unsigned bf[4][2];
+#pragma unroll
+        for (int q = 0; q < 4; q += 2) {
+          const int tile = min(kb + i0 + q + (lane >> 4), ke - 1);
+          unsigned r4[4];
+          ldsm_x4(r4, hrow + tile * KK);
+          bf[q][0] = r4[0];
+          bf[q][1] = r4[1];
+          bf[q + 1][0] = r4[2];
+          bf[q + 1][1] = r4[3];
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
+      }
+    }
+#pragma unroll
+    for (int c = 1; c < NC; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
+    const int g = lane >> 2, tq = lane & 3;
+    float* rw = red + kp * NP * RS;
+    const int row = m * 16 + g, col = 2 * tq;
+    rw[col * RS + row] = acc[0][0];
+    rw[(col + 1) * RS + row] = acc[0][1];
+    rw[col * RS + row + 8] = acc[0][2];
+    rw[(col + 1) * RS + row + 8] = acc[0][3];
+  };
+  // Row b of unit u's gate `gate`: the sum of the warps' partial sums.
+  auto reduced = [&](int gate) {
+    const float* rp = red + b * RS + gate * U + u;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WK; ++w) v += rp[w * NP * RS];
+    return v;
+  };
+  if (proj) x_prefetch(0);
   cluster_sync();  // every CTA started and its buffers zeroed before anyone writes into them
+
+  if constexpr (WAVE) {
+    if (proj) {
+      // A projection group: per step the layer below's h_s (its exchange words) times this CTA's
+      // rows of W_ih, handed to the layer's cluster as tagged fp32 words (gx_out), which it loads a
+      // step ahead as layer 0 loads its GEMM's output. Nothing crosses this cluster's CTAs.
+      for (int s = 0; s < T; ++s) {
+        stamp(s, 0);
+        x_take(s);
+        __syncthreads();
+        x_prefetch(s + 1);
+        stamp(s, 1);
+        if (ke > kb && !(a.skip & (kSkipProduct | kSkipInput))) multiply(Xs);
+        stamp(s, 2);
+        __syncthreads();
+        if (iv) {
+          unsigned long long* g = d.gx_out + (static_cast<size_t>(s) * B + b) * 4 * H + j;
+#pragma unroll
+          for (int gate = 0; gate < 4; ++gate)
+            st_word(g + gate * H, (static_cast<unsigned long long>(s + 1) << 32) | __float_as_uint(reduced(gate)));
+        }
+        for (int k = 3; k < kTraceStamps; ++k) stamp(s, k);
+      }
+      return;
+    }
+  }
 
   for (int s = 0; s < T; ++s) {
     const int t = d.reverse ? T - 1 - s : s;
     const E* Hcur = Hs + (s & 1) * NP * KS;
     stamp(s, 0);
     const bool prod = ke > kb && !(a.skip & kSkipProduct);
-    float acc[NC][4];
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
-    if (WAVE && d.w_ih) {
-      // The input of step s: layer l-1's h_s from its exchange words (tag s + 1), then the next
-      // step's copies, then W_ih x_s while h_{s-1} is still on its way.
-      x_take(s);
-      __syncthreads();
-      x_prefetch(s + 1);
-      stamp(s, 1);
-      if (prod && !(a.skip & kSkipInput)) {
-        const E* xrow = Xs + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          if (kb + i < ke) {
-            unsigned ax[4], bx[2];
-            ldsm_x4(ax, Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
-            ldsm_x2(bx, xrow + (kb + i) * KK);
-            mma_16816<E>(acc[i % NC], ax, bx);
-          }
-        }
-      }
-    } else {
-      stamp(s, 1);
-    }
+    stamp(s, 1);
     stamp(s, 2);
     if (mbar) {
       // h_{s-1} is in (buffer s & 1, filled for the ((s - 1) / 2)-th time; step 0 reads h0).
@@ -1056,44 +1125,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       if (tid == 0 && s + 2 < T) mbar_expect(&bars[s & 1], step_bytes);
     }
     stamp(s, 3);
-    if (prod) {
-      const E* hrow = Hcur + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
-      if constexpr (NT == 1) {
-        unsigned bf[2];
-        ldsm_x2(bf, hrow + kb * KK);
-        mma_16816<E>(acc[0], afr[0], bf);
-      } else {
-        // Two k-tiles per ldmatrix (lanes 16-31 address the second; past the warp's last tile
-        // they re-read it, against a zero tile of W), four tiles loaded before their products.
-#pragma unroll
-        for (int i0 = 0; i0 < NT; i0 += 4) {
-          unsigned bf[4][2];
-#pragma unroll
-          for (int q = 0; q < 4; q += 2) {
-            const int tile = min(kb + i0 + q + (lane >> 4), ke - 1);
-            unsigned r4[4];
-            ldsm_x4(r4, hrow + tile * KK);
-            bf[q][0] = r4[0];
-            bf[q][1] = r4[1];
-            bf[q + 1][0] = r4[2];
-            bf[q + 1][1] = r4[3];
-          }
-#pragma unroll
-          for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
-        }
-      }
-#pragma unroll
-      for (int c = 1; c < NC; ++c)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
-      const int g = lane >> 2, tq = lane & 3;
-      float* rw = red + kp * NP * RS;
-      const int row = m * 16 + g, col = 2 * tq;
-      rw[col * RS + row] = acc[0][0];
-      rw[(col + 1) * RS + row] = acc[0][1];
-      rw[col * RS + row + 8] = acc[0][2];
-      rw[(col + 1) * RS + row + 8] = acc[0][3];
-    }
+    if (prod) multiply(Hcur);
     stamp(s, 4);
     __syncthreads();
     stamp(s, 5);
@@ -1102,13 +1134,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       if (active && !(a.skip & kSkipCell)) {
         float pre[4];
 #pragma unroll
-        for (int gate = 0; gate < 4; ++gate) {
-          const float* rp = red + b * RS + gate * U + u;
-          float v = gx[gate] + bias_s[gate * U + u];
-#pragma unroll
-          for (int w = 0; w < WK; ++w) v += rp[w * NP * RS];
-          pre[gate] = v;
-        }
+        for (int gate = 0; gate < 4; ++gate) pre[gate] = gx_value(gate, s) + bias_s[gate * U + u] + reduced(gate);
         const float ig = act_sigmoid<E>(pre[0]), fg = act_sigmoid<E>(pre[1]), gg = act_tanh<E>(pre[2]),
                     og = act_sigmoid<E>(pre[3]);
         cst = fg * cst + ig * gg;
@@ -1502,10 +1528,11 @@ void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShap
   if constexpr (sizeof(E) != 2) {
     LSTM_THROW("persistent LSTM: bad plan (the cluster kernels are bf16/fp16)");
   } else {
-    // The wavefront (a group that projects its own input) has its own instantiation: the single
-    // layers' kernel keeps its registers. Its groups wait on each other (layer l on layer l-1), so
-    // all of its clusters must be resident at once; other launches' clusters are independent.
-    const bool wave = groups > 1 && a.group[1].w_ih;
+    // The wavefront (layers above the first reading their x-projection from projection groups)
+    // has its own instantiation: the single layers' kernel keeps its registers. Its groups wait on
+    // each other (layer l on its projection, which waits on layer l-1), so all of its clusters
+    // must be resident at once; other launches' clusters are independent.
+    const bool wave = groups > 1 && a.group[1].gx_in;
     const auto kernel = wave ? cluster_kernel<E, true>(p.units) : cluster_kernel<E, false>(p.units);
     LSTM_REQUIRE(p.resident >= (wave ? groups : 1),
                  "persistent LSTM: the device places " << p.resident << " clusters of " << p.ctas << " CTAs with "
@@ -1578,6 +1605,9 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     return "the cluster wavefront takes layers whose input is the layer below's h (input " + std::to_string(in_size) +
            ", hidden " + std::to_string(H) + ")";
   if (B > 8) return "the cluster kernels run batches of up to 8 rows; got " + std::to_string(B);
+  if (groups > kPersistentMaxGroups)
+    return "one launch of the cluster kernels runs at most " + std::to_string(kPersistentMaxGroups) + " clusters; " +
+           (in_size ? "a wavefront of L layers takes 2L - 1, " : "") + std::to_string(groups) + " needed";
   const int64_t k_tiles = (H + 15) / 16;
   for (int units : {4, 8, 16, 32}) {
     const int64_t cl = (H + units - 1) / units;
@@ -1595,7 +1625,7 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     return "";
   }
   return "hidden size " + std::to_string(H) + " does not fit one cluster of " + std::to_string(kClusterMax) +
-         " CTAs with W_hh in registers" + (in_size ? " (per layer, " + std::to_string(groups) + " layers)" : "");
+         " CTAs with W_hh in registers" + (in_size ? " (per cluster, " + std::to_string(groups) + " clusters)" : "");
 }
 
 std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
@@ -1606,8 +1636,8 @@ std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, in
   if (!why.empty()) return why;
   why = plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out);
   if (!why.empty()) return why;
-  // Only the wavefront's groups wait on each other (layer l on layer l-1, never the other way):
-  // every cluster of its launch must fit the device at once.
+  // Only the wavefront's groups wait on each other (layer l on its projection group, which waits
+  // on layer l-1; never the other way): every cluster of its launch must fit the device at once.
   const bool wave = in_size > 0;
   out->resident = dtype == DType::BF16 ? cluster_capacity<__nv_bfloat16>(*out, wave) : cluster_capacity<__half>(*out, wave);
   const int64_t needed = wave ? groups : 1;

@@ -80,8 +80,10 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
 
 // The cluster kernels (docs/KERNELS.md, "Clusters"): one thread-block cluster of up to 16 CTAs
 // per group holds W_hh in registers and hands h_t over through distributed shared memory, for
-// bf16/fp16, batch <= 8, one layer per launch, no projection. A pure function of the device's
-// properties like plan_persistent; "" and *out filled (cluster set), or why not.
+// bf16/fp16, batch <= 8, no projection: a layer's directions per launch, or (in_size > 0) a
+// unidirectional stack's wavefront, `groups` = 2L - 1 clusters (the L layers and the projection
+// groups of layers 1 to L-1). A pure function of the device's properties like plan_persistent; ""
+// and *out filled (cluster set), or why not.
 std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size,
                                     int64_t groups, int64_t B, DType dtype, PersistentShape* out);
 // The same on CUDA device `device` ($LSTM_PERSISTENT_CLUSTER=0 turns them off), with `resident`
@@ -127,6 +129,13 @@ struct PersistentGroup {
   unsigned* flags = nullptr;
   const unsigned* in_flags = nullptr;
   int reverse = 0;
+  // The cluster kernels' wavefront of a unidirectional stack (docs/KERNELS.md, "Clusters: the
+  // wavefront"): the group of layer l > 0 reads its x-projection from gx_in instead of gates, [T,
+  // B, 4H] words each holding an fp32 value and the tag s + 1 (zero before the launch), which a
+  // projection group of its own cluster writes (gx_out set, with w_ih, in_xchg and in_size: layer
+  // l-1's exchange words times W_ih, step by step; no other field).
+  const unsigned long long* gx_in = nullptr;
+  unsigned long long* gx_out = nullptr;
 };
 
 // The stages $LSTM_PERSISTENT_SKIP can leave out (bits; measurement only).
