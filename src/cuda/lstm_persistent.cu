@@ -965,34 +965,41 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // during the wait and the product): plain floats of the GEMM before the launch, or, for a layer
   // of the wavefront above the first (d.gx_in), the tagged words its projection group writes (the
   // tag checked at the cell, where a word read before it was written is read again).
-  using Gx = std::conditional_t<WAVE, unsigned long long, float>;
-  Gx gx[4];
+  float gx[4];
+  unsigned long long gxw[4];  // the tagged words (WAVE, d.gx_in)
   auto load_gx = [&](int s_load) {
     const int t_load = d.reverse ? T - 1 - s_load : s_load;
     const bool on = iv && !proj && s_load < T && !(a.skip & kSkipGates);
     const size_t at = (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
+    if constexpr (WAVE) {
+      if (d.gx_in) {
 #pragma unroll
-    for (int gate = 0; gate < 4; ++gate) {
-      if constexpr (WAVE) {
-        gx[gate] = !on ? 0ull : d.gx_in ? ld_word(d.gx_in + at + gate * H) : __float_as_uint(d.gates[at + gate * H]);
-      } else {
-        gx[gate] = on ? d.gates[at + gate * H] : 0.f;
+        for (int gate = 0; gate < 4; ++gate) {
+          gxw[gate] = 0ull;
+          if (on) gxw[gate] = ld_word(d.gx_in + at + gate * H);
+        }
+        return;
       }
     }
+    const float* g = d.gates + at;
+#pragma unroll
+    for (int gate = 0; gate < 4; ++gate) gx[gate] = on ? g[gate * H] : 0.f;
   };
   auto gx_value = [&](int gate, int s_now) -> float {
     if constexpr (WAVE) {
-      if (d.gx_in && !(a.skip & (kSkipGates | kSkipWait))) {
-        const size_t at = (static_cast<size_t>(s_now) * B + b) * 4 * H + j + gate * H;
-        while (static_cast<unsigned>(gx[gate] >> 32) != static_cast<unsigned>(s_now + 1)) {
-          if (!(a.skip & kSkipSleep)) __nanosleep(32);
-          gx[gate] = ld_word(d.gx_in + at);
+      if (d.gx_in) {
+        if (!(a.skip & (kSkipGates | kSkipWait))) {
+          const size_t at = (static_cast<size_t>(s_now) * B + b) * 4 * H + j + gate * H;
+          for (unsigned ns = 32; static_cast<unsigned>(gxw[gate] >> 32) != static_cast<unsigned>(s_now + 1);
+               ns = min(2 * ns, 512u)) {
+            if (!(a.skip & kSkipSleep)) __nanosleep(ns);
+            gxw[gate] = ld_word(d.gx_in + at);
+          }
         }
+        return __uint_as_float(static_cast<unsigned>(gxw[gate]));
       }
-      return __uint_as_float(static_cast<unsigned>(gx[gate]));
-    } else {
-      return gx[gate];
     }
+    return gx[gate];
   };
   load_gx(0);
   // A projection group's input, one step ahead: every thread copies the same words of each step's
@@ -1019,8 +1026,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     for (int i0 = per * tid; i0 < nx; i0 += per * kClusterBlock) {
       for (int i = i0; i < i0 + per; ++i) {
         unsigned long long v = Xraw[i];
-        while (!(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != tag) {
-          if (!(a.skip & kSkipSleep)) __nanosleep(32);
+        // (Backing off: a group ahead of the layer below polls lines that layer is writing.)
+        for (unsigned ns = 32; !(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != tag; ns = min(2 * ns, 512u)) {
+          if (!(a.skip & kSkipSleep)) __nanosleep(ns);
           v = ld_word(src + i);
         }
         const int row = i / xw, w = i - row * xw;
