@@ -254,7 +254,7 @@ struct ForwardPtrs {
   std::vector<DirPtrs<E>> dirs;  // [L*D]
   unsigned long long* xchg = nullptr;  // persistent: max(D, L) x persistent_exchange_words, the h exchange
   unsigned* flags = nullptr;           // persistent: [kPersistentMaxGroups, kPersistentMaxCtas] (flag exchange)
-  unsigned long long* gx = nullptr;    // persistent cluster wavefront: [L-1, T, B, 4H] tagged x-projections
+  unsigned long long* gx = nullptr;    // persistent cluster wavefront: [L-1, T, B, H, 4] tagged x-projections
 };
 
 template <class E>

@@ -891,6 +891,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // ([NP * KS / 2] words at most, 16-byte aligned).
   E* Xs = stage + NP * U;
   auto* Xraw = reinterpret_cast<unsigned long long*>(Xs + NP * KS);
+  // A layer above the first (d.gx_in): [NP * U][4] its cell threads' tagged x-projection words of
+  // the next step, copied while the step before runs.
+  unsigned long long* gxs = Xraw + NP * KS / 2;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
   long long* const trace = a.trace && grp == a.trace_group && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
@@ -966,37 +969,35 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // of the wavefront above the first (d.gx_in), the tagged words its projection group writes (the
   // tag checked at the cell, where a word read before it was written is read again).
   float gx[4];
-  unsigned long long gxw[4];  // the tagged words (WAVE, d.gx_in)
   auto load_gx = [&](int s_load) {
     const int t_load = d.reverse ? T - 1 - s_load : s_load;
     const bool on = iv && !proj && s_load < T && !(a.skip & kSkipGates);
-    const size_t at = (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
     if constexpr (WAVE) {
       if (d.gx_in) {
-#pragma unroll
-        for (int gate = 0; gate < 4; ++gate) {
-          gxw[gate] = 0ull;
-          if (on) gxw[gate] = ld_word(d.gx_in + at + gate * H);
+        if (on) {
+          const unsigned long long* src = d.gx_in + ((static_cast<size_t>(t_load) * B + b) * H + j) * 4;
+          cp_async16(gxs + tid * 4, src);
+          cp_async16(gxs + tid * 4 + 2, src + 2);
         }
         return;
       }
     }
-    const float* g = d.gates + at;
+    const float* g = d.gates + (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
 #pragma unroll
     for (int gate = 0; gate < 4; ++gate) gx[gate] = on ? g[gate * H] : 0.f;
   };
   auto gx_value = [&](int gate, int s_now) -> float {
     if constexpr (WAVE) {
       if (d.gx_in) {
-        if (!(a.skip & (kSkipGates | kSkipWait))) {
-          const size_t at = (static_cast<size_t>(s_now) * B + b) * 4 * H + j + gate * H;
-          for (unsigned ns = 32; static_cast<unsigned>(gxw[gate] >> 32) != static_cast<unsigned>(s_now + 1);
-               ns = min(2 * ns, 512u)) {
-            if (!(a.skip & kSkipSleep)) __nanosleep(ns);
-            gxw[gate] = ld_word(d.gx_in + at);
-          }
+        if (a.skip & kSkipGates) return 0.f;
+        cp_async_wait_all();
+        unsigned long long v = gxs[tid * 4 + gate];
+        const unsigned long long* src = d.gx_in + ((static_cast<size_t>(s_now) * B + b) * H + j) * 4 + gate;
+        while (!(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != static_cast<unsigned>(s_now + 1)) {
+          if (!(a.skip & kSkipSleep)) __nanosleep(32);
+          v = ld_word(src);
         }
-        return __uint_as_float(static_cast<unsigned>(gxw[gate]));
+        return __uint_as_float(static_cast<unsigned>(v));
       }
     }
     return gx[gate];
@@ -1027,7 +1028,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       for (int i = i0; i < i0 + per; ++i) {
         unsigned long long v = Xraw[i];
         // (Backing off: a group ahead of the layer below polls lines that layer is writing.)
-        for (unsigned ns = 32; !(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != tag; ns = min(2 * ns, 512u)) {
+        for (unsigned ns = 32; !(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != tag; ns = min(2 * ns, 128u)) {
           if (!(a.skip & kSkipSleep)) __nanosleep(ns);
           v = ld_word(src + i);
         }
@@ -1107,10 +1108,10 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
         stamp(s, 2);
         __syncthreads();
         if (iv) {
-          unsigned long long* g = d.gx_out + (static_cast<size_t>(s) * B + b) * 4 * H + j;
+          unsigned long long* g = d.gx_out + ((static_cast<size_t>(s) * B + b) * H + j) * 4;
 #pragma unroll
           for (int gate = 0; gate < 4; ++gate)
-            st_word(g + gate * H, (static_cast<unsigned long long>(s + 1) << 32) | __float_as_uint(reduced(gate)));
+            st_word(g + gate, (static_cast<unsigned long long>(s + 1) << 32) | __float_as_uint(reduced(gate)));
         }
         for (int k = 3; k < kTraceStamps; ++k) stamp(s, k);
       }
@@ -1215,8 +1216,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
 size_t cluster_smem_bytes(int units, int64_t H, bool wavefront) {
   const size_t KS = static_cast<size_t>(cluster_ks(static_cast<int>(H), units));
   const int MT = units / 4;
-  // (The wavefront's Xs, 8 x KS values, and Xraw, 8 x KS / 2 words.)
+  // (The wavefront's Xs, 8 x KS values, Xraw, 8 x KS / 2 words, and gxs, 8 x units x 4 words.)
   return (4 * static_cast<size_t>(units) + 2 * 8 + (wavefront ? 8 + 8 * 2 : 0)) * KS * 2 +
+         (wavefront ? 8 * static_cast<size_t>(units) * 4 * 8 : 0) +
          (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
          2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units) * 2;
 }

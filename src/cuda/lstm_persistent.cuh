@@ -131,7 +131,8 @@ struct PersistentGroup {
   int reverse = 0;
   // The cluster kernels' wavefront of a unidirectional stack (docs/KERNELS.md, "Clusters: the
   // wavefront"): the group of layer l > 0 reads its x-projection from gx_in instead of gates, [T,
-  // B, 4H] words each holding an fp32 value and the tag s + 1 (zero before the launch), which a
+  // B, H, 4] words (a unit's four gates side by side) each holding an fp32 value and the tag s + 1
+  // (zero before the launch), which a
   // projection group of its own cluster writes (gx_out set, with w_ih, in_xchg and in_size: layer
   // l-1's exchange words times W_ih, step by step; no other field).
   const unsigned long long* gx_in = nullptr;
