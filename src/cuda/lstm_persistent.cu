@@ -827,17 +827,12 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       "r"(parity)
       : "memory");
 }
-// Asynchronous copies of exchange words into shared memory (16 bytes through L2 only, or 8),
-// waited for by the issuing thread with cp_async_wait_all. Each aligned 8-byte word is read whole
-// (a word is written by one 8-byte store), so its tag still says whether its data is the step's;
-// a word read too early is read again with ld_word.
+// Asynchronous 16-byte copies of tagged words into shared memory (through L2 only), waited for by
+// the issuing thread with cp_async_wait_all. Each aligned 8-byte word is read whole (a word is
+// written by one 8-byte store), so its tag still says whether its data is the step's; a word read
+// too early is read again with ld_word.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
                "l"(gmem)
                : "memory");
 }
@@ -887,13 +882,11 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   auto* bars = reinterpret_cast<unsigned long long*>(bias_s + 4 * U);
   E* stage = reinterpret_cast<E*>(bars + 2);  // [NP][U]: this CTA's h_t, what it sends
   // A projection group of the wavefront (d.gx_out set): Xs [NP, KS] the input of the step, the
-  // layer below's h_t from its exchange words; Xraw the next step's exchange words as they arrive
-  // ([NP * KS / 2] words at most, 16-byte aligned).
+  // layer below's h_t from its exchange words.
   E* Xs = stage + NP * U;
-  auto* Xraw = reinterpret_cast<unsigned long long*>(Xs + NP * KS);
   // A layer above the first (d.gx_in): [NP * U][4] its cell threads' tagged x-projection words of
-  // the next step, copied while the step before runs.
-  unsigned long long* gxs = Xraw + NP * KS / 2;
+  // the next step, copied while the step before runs (16-byte aligned).
+  auto* gxs = reinterpret_cast<unsigned long long*>(Xs + NP * KS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
   long long* const trace = a.trace && grp == a.trace_group && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
@@ -1003,38 +996,37 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     return gx[gate];
   };
   load_gx(0);
-  // A projection group's input, one step ahead: every thread copies the same words of each step's
-  // slot of the layer below's exchange (16 bytes at a time where the slot's word count is even)
-  // into Xraw while the step before runs, and at the step checks their tags (waiting for the layer
-  // below only where it is behind) and unpacks them into Xs. A group that had to wait falls a
-  // little further behind the layer below, until its copies find the words there.
+  // A projection group's input, one step ahead: every thread loads the same words of each step's
+  // slot of the layer below's exchange (XPT at most; relaxed loads, which read the coherent value)
+  // while the step before runs, and at the step checks their tags (polling only those the
+  // layer below had not written yet) and unpacks them into Xs. A group that had to wait falls a
+  // little further behind the layer below, until its loads find the words there.
+  constexpr int XPT = 4;  // B * (H + 1) / 2 <= 8 * 256 words: the planner's hidden <= 512
   const int xw = proj ? (d.in_size + 1) / 2 : 1, nx = proj ? B * xw : 0;
-  const bool x16 = (nx & 1) == 0;
+  unsigned long long xv[XPT];
   auto x_prefetch = [&](int s_next) {
-    if (s_next >= T) return;
     const unsigned long long* src = d.in_xchg + static_cast<size_t>(s_next) * nx;
-    if (x16) {
-      for (int i = 2 * tid; i < nx; i += 2 * kClusterBlock) cp_async16(Xraw + i, src + i);
-    } else {
-      for (int i = tid; i < nx; i += kClusterBlock) cp_async8(Xraw + i, src + i);
+#pragma unroll
+    for (int k = 0; k < XPT; ++k) {
+      const int i = tid + k * kClusterBlock;
+      xv[k] = 0ull;
+      if (s_next < T && i < nx) xv[k] = ld_word(src + i);
     }
   };
   auto x_take = [&](int s_now) {
-    cp_async_wait_all();
     const unsigned long long* src = d.in_xchg + static_cast<size_t>(s_now) * nx;
     const unsigned tag = static_cast<unsigned>(s_now + 1);
-    const int per = x16 ? 2 : 1;
-    for (int i0 = per * tid; i0 < nx; i0 += per * kClusterBlock) {
-      for (int i = i0; i < i0 + per; ++i) {
-        unsigned long long v = Xraw[i];
-        // (Backing off: a group ahead of the layer below polls lines that layer is writing.)
-        for (unsigned ns = 32; !(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != tag; ns = min(2 * ns, 128u)) {
-          if (!(a.skip & kSkipSleep)) __nanosleep(ns);
-          v = ld_word(src + i);
-        }
-        const int row = i / xw, w = i - row * xw;
-        *reinterpret_cast<unsigned*>(Xs + row * KS + w * kValuesPerWord<E>) = static_cast<unsigned>(v);
+#pragma unroll
+    for (int k = 0; k < XPT; ++k) {
+      const int i = tid + k * kClusterBlock;
+      if (i >= nx) continue;
+      unsigned long long v = xv[k];
+      while (!(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != tag) {
+        if (!(a.skip & kSkipSleep)) __nanosleep(32);
+        v = ld_word(src + i);
       }
+      const int row = i / xw, w = i - row * xw;
+      *reinterpret_cast<unsigned*>(Xs + row * KS + w * kValuesPerWord<E>) = static_cast<unsigned>(v);
     }
   };
   // The product of this CTA's rows of W (registers) with the [NP, KS] values at src (h_{t-1}, or a
@@ -1216,8 +1208,8 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
 size_t cluster_smem_bytes(int units, int64_t H, bool wavefront) {
   const size_t KS = static_cast<size_t>(cluster_ks(static_cast<int>(H), units));
   const int MT = units / 4;
-  // (The wavefront's Xs, 8 x KS values, Xraw, 8 x KS / 2 words, and gxs, 8 x units x 4 words.)
-  return (4 * static_cast<size_t>(units) + 2 * 8 + (wavefront ? 8 + 8 * 2 : 0)) * KS * 2 +
+  // (The wavefront's Xs, 8 x KS values, and gxs, 8 x units x 4 words.)
+  return (4 * static_cast<size_t>(units) + 2 * 8 + (wavefront ? 8 : 0)) * KS * 2 +
          (wavefront ? 8 * static_cast<size_t>(units) * 4 * 8 : 0) +
          (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
          2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units) * 2;
