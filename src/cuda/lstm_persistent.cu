@@ -851,6 +851,56 @@ __host__ __device__ constexpr int cluster_ks(int H, int U) {
   return (kh > kw ? kh : kw) + 8;
 }
 
+// The cluster kernels' product: a warp's k-tiles [kb, ke) of W (registers, afr; at most NT) with
+// the [NP, KS] values at src, two k-tiles per ldmatrix (lanes 16-31 address the second; past the
+// warp's last tile they re-read it, against a zero tile of W), four tiles loaded before their
+// products, NC accumulator chains; the warp's partial sums of m-tile m into its slice kp of red
+// ([kp][NP][RS] floats).
+template <class E, int NT, int NC, int NP, int RS>
+__device__ __forceinline__ void cluster_product(const unsigned (&afr)[NT][4], const E* src, int KS, int kb, int ke,
+                                                int m, int kp, float* red, int lane) {
+  constexpr int KK = 16;
+  float acc[NC][4];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+  const E* hrow = src + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
+  if constexpr (NT == 1) {
+    unsigned bf[2];
+    ldsm_x2(bf, hrow + kb * KK);
+    mma_16816<E>(acc[0], afr[0], bf);
+  } else {
+#pragma unroll
+    for (int i0 = 0; i0 < NT; i0 += 4) {
+      unsigned bf[4][2];
+#pragma unroll
+      for (int q = 0; q < 4; q += 2) {
+        const int tile = min(kb + i0 + q + (lane >> 4), ke - 1);
+        unsigned r4[4];
+        ldsm_x4(r4, hrow + tile * KK);
+        bf[q][0] = r4[0];
+        bf[q][1] = r4[1];
+        bf[q + 1][0] = r4[2];
+        bf[q + 1][1] = r4[3];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
+    }
+  }
+#pragma unroll
+  for (int c = 1; c < NC; ++c)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
+  const int g = lane >> 2, tq = lane & 3;
+  float* rw = red + kp * NP * RS;
+  const int row = m * 16 + g, col = 2 * tq;
+  rw[col * RS + row] = acc[0][0];
+  rw[(col + 1) * RS + row] = acc[0][1];
+  rw[col * RS + row + 8] = acc[0][2];
+  rw[(col + 1) * RS + row + 8] = acc[0][3];
+}
+
 // MT m-tiles (U = 4 MT units) per CTA; kClusterWarps / MT warps split K for each m-tile, each
 // holding up to cluster_tiles(MT) k-tiles of W in registers. Every thread of the first U B does
 // the cell of one (unit, batch row); after it every CTA's h_t goes to every CTA, one 16-byte (8-byte
@@ -1032,47 +1082,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // The product of this CTA's rows of W (registers) with the [NP, KS] values at src (h_{t-1}, or a
   // projection group's input), each warp's partial sums into red.
   auto multiply = [&](const E* src) {
-    float acc[NC][4];
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
-    const E* hrow = src + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
-    if constexpr (NT == 1) {
-      unsigned bf[2];
-      ldsm_x2(bf, hrow + kb * KK);
-      mma_16816<E>(acc[0], afr[0], bf);
-    } else {
-      // Two k-tiles per ldmatrix (lanes 16-31 address the second; past the warp's last tile
-      // they re-read it, against a zero tile of W), four tiles loaded before their products.
-#pragma unroll
-      for (int i0 = 0; i0 < NT; i0 += 4) {
-        unsigned bf[4][2];
-#pragma unroll
-        for (int q = 0; q < 4; q += 2) {
-          const int tile = min(kb + i0 + q + (lane >> 4), ke - 1);
-          unsigned r4[4];
-          ldsm_x4(r4, hrow + tile * KK);
-          bf[q][0] = r4[0];
-          bf[q][1] = r4[1];
-          bf[q + 1][0] = r4[2];
-          bf[q + 1][1] = r4[3];
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
-      }
-    }
-#pragma unroll
-    for (int c = 1; c < NC; ++c)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
-    const int g = lane >> 2, tq = lane & 3;
-    float* rw = red + kp * NP * RS;
-    const int row = m * 16 + g, col = 2 * tq;
-    rw[col * RS + row] = acc[0][0];
-    rw[(col + 1) * RS + row] = acc[0][1];
-    rw[col * RS + row + 8] = acc[0][2];
-    rw[(col + 1) * RS + row + 8] = acc[0][3];
+    cluster_product<E, NT, NC, NP, RS>(afr, src, KS, kb, ke, m, kp, red, lane);
   };
   // Row b of unit u's gate `gate`: the sum of the warps' partial sums.
   auto reduced = [&](int gate) {
@@ -1310,7 +1320,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_backward_
     dyv = a.dy[(static_cast<size_t>(t) * B + b) * a.ldy + j];
   };
   // dh_{t-1} of this thread's (unit, row) from dG in buffer `buf`: the product, then the sum of
-  // the warps' partial sums. Every thread calls it (it has CTA barriers).
+  // the warps' partial sums. Every thread calls it (it has CTA barriers). (The product is
+  // cluster_product's; calling it from here compiles to different SASS, which has not run on a
+  // GPU yet, so the measured code stays until a device session can test the change.)
   auto product = [&](const E* Gcur) {
     if (ke > kb) {
       float acc[NC][4];
