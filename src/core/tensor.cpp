@@ -224,6 +224,14 @@ class HostBlockCache {
     }
     std::free(p);
   }
+  // Frees every kept block (an allocation failed: the memory is wanted elsewhere).
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+    free_.clear();
+    kept_ = 0;
+  }
 
  private:
   HostBlockCache() {
@@ -263,8 +271,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   }
   const size_t bytes = std::max<size_t>(64, (t.nbytes() + 63) / 64 * 64);
   if (bytes >= HostBlockCache::kMinBytes && HostBlockCache::enabled()) {
-    void* p = HostBlockCache::get().take(bytes);
+    HostBlockCache& cache = HostBlockCache::get();
+    void* p = cache.take(bytes);
     if (!p) p = std::aligned_alloc(64, bytes);
+    if (!p) {  // the kept blocks of other sizes first go back to the system
+      cache.release();
+      p = std::aligned_alloc(64, bytes);
+    }
     if (!p) throw std::bad_alloc();
     t.storage_ = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(p),
                                             [bytes](uint8_t* q) { HostBlockCache::get().give(q, bytes); });
