@@ -373,8 +373,11 @@ class FusedLstm final : public LstmBackend {
   void check_dims(int64_t Tn, int64_t B) const;
   void upload_lengths(const LstmInput& in, int64_t Tn, int64_t B, int32_t* dst);
 
+  struct PersistentPlan;
+  // The buffers of a forward (sizes only when the carvers have no base); `plan`: the persistent
+  // backend's plan of this batch, null for the fused backend.
   ForwardPtrs<E> carve_forward(Carver& saved, Carver& work, int64_t Tn, int64_t B, bool save, bool dropout,
-                               E* output) const;
+                               const PersistentPlan* plan, E* output) const;
   // Bidirectional: two ping-pong dy buffers [N, max(D*Hout, I)] and a set per direction.
   // Unidirectional (the wavefront): dy[l] [N, Hout] per layer (layer l's gradient w.r.t. its
   // output; dy[l-1] is written by lane l while lane l-1 reads the rows lane l has finished), dy[L]
@@ -513,17 +516,14 @@ void FusedLstm<E>::upload_lengths(const LstmInput& in, int64_t Tn, int64_t B, in
 
 template <class E>
 ForwardPtrs<E> FusedLstm<E>::carve_forward(Carver& sc, Carver& wc, int64_t Tn, int64_t B, bool save, bool dropout,
-                                           E* output) const {
+                                           const PersistentPlan* plan, E* output) const {
   ForwardPtrs<E> p;
   Carver& keep = save ? sc : wc;
   p.len = keep.take<int32_t>(B);
   if (persistent_) {
     p.xchg = wc.take<unsigned long long>(std::max(D_, L_) * persistent_exchange_words(Tn, B, Hout_, dtype()));
     p.flags = wc.take<unsigned>(kPersistentMaxGroups * kPersistentMaxCtas);
-    // (The plan of this batch was made before the call carves its buffers.)
-    const auto plan = persistent_plans_.find(std::make_pair(B, dropout));
-    if (plan != persistent_plans_.end() && plan->second.wavefront && plan->second.shape.cluster)
-      p.gx = wc.take<unsigned long long>((L_ - 1) * Tn * B * G_);
+    if (plan && plan->wavefront && plan->shape.cluster) p.gx = wc.take<unsigned long long>((L_ - 1) * Tn * B * G_);
   }
   p.x0 = keep.take<E>(Tn * B * I_);
   // Per-lane state (inference) and projection scratch.
@@ -706,7 +706,7 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   auto it = sizes_.find(key);
   if (it == sizes_.end()) {
     Carver sc(nullptr), wc(nullptr);
-    (void)carve_forward(sc, wc, Tn, B, save, dropout, nullptr);
+    (void)carve_forward(sc, wc, Tn, B, save, dropout, plan, nullptr);
     it = sizes_.emplace(key, Sizes{sc.bytes(), wc.bytes()}).first;
   }
 
@@ -722,7 +722,7 @@ LstmOutput FusedLstm<E>::forward(const std::vector<Tensor>& weights, const LstmI
   }
   DeviceBuffer work(it->second.work);
   Carver sc(sv ? sv->memory.get() : nullptr), wc(work.get());
-  const ForwardPtrs<E> p = carve_forward(sc, wc, Tn, B, save, dropout, static_cast<E*>(out.output.raw()));
+  const ForwardPtrs<E> p = carve_forward(sc, wc, Tn, B, save, dropout, plan, static_cast<E*>(out.output.raw()));
 
   upload_lengths(in, Tn, B, nullptr);  // the host copy: the graph cache is chosen by it
   const E* h0 = in.h0.defined() ? static_cast<const E*>(in.h0.raw()) : nullptr;
