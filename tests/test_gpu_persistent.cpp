@@ -2,7 +2,9 @@
 // the conformance suite's small shapes (hidden 64) reach only the smallest slice of each kernel,
 // so this runs every slice width the planner hands out (4, 8, 16 and 32 units per CTA), a last
 // CTA with fewer units than the others, both directions at once, stacks (one cluster per layer in
-// one launch), variable lengths, h0/c0 and 100+ steps, and checks which kernel ran: the cluster
+// one launch), batches split over several clusters (of at most 8 rows each, an uneven last one,
+// more clusters than the device holds at once), variable lengths, h0/c0 and 100+ steps, and
+// checks which kernel ran: the cluster
 // kernels wherever the planner of this device offers them, the grid-wide kernels elsewhere, and in
 // training which backward swept (the cluster backward wherever it is offered). Without a GPU every
 // test skips and says why.
@@ -35,7 +37,11 @@ struct Shape {
 // Slices of 4 (hidden 40: 10 CTAs), 8 (hidden 100: 13 CTAs, the last with 4 units), 16 and 32
 // units (hidden 256 and 512: 16 CTAs, a non-portable cluster size), two directions of 16 CTAs each,
 // unidirectional stacks (the cluster wavefront, slices of 4, 16 and 32 units), a bidirectional
-// stack (layer by layer), and shapes the cluster kernels do not take (hidden 1024, batch 16).
+// stack (layer by layer), batches of more than 8 rows (clusters of batch groups: 2 of 8, 3 of 7
+// with the last 6, 64 rows in 16-row tiles where 8-row groups would take more clusters than the
+// device holds at once, in one direction and in two), a stack at batch 16
+// (the grid wavefront: the cluster wavefront runs 8 rows), and a shape the cluster kernels do not
+// take (hidden 1024).
 const std::vector<Shape>& shapes() {
   static const std::vector<Shape> s = {
       {"h40_b3", 40, 30, 3, false, {}, false},
@@ -45,6 +51,15 @@ const std::vector<Shape>& shapes() {
       {"h512_b2_bi_t100", 512, 100, 2, true, {}, true},
       {"h1024_b1", 1024, 40, 1, false, {}, false},
       {"h128_b16", 128, 20, 16, false, {}, true},
+      {"h512_b20_varlen_t100", 512, 100, 20, false,
+       {100, 1, 64, 99, 100, 2, 90, 33, 100, 7, 100, 100, 50, 1, 100, 100, 3, 100, 76, 100}, true},
+      {"h256_b64_bi", 256, 30, 64, true, {}, false},
+      {"h512_b64_t50_varlen", 512, 50, 64, false, {50, 50, 50, 1,  50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50,
+                                                    50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50,
+                                                    50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 2,  50, 50, 50, 50,
+                                                    50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 37},
+       true},
+      {"h128_l2_b16", 128, 20, 16, false, {20, 20, 3, 20, 20, 20, 20, 1, 20, 20, 20, 20, 20, 20, 9, 20}, true, 2},
       {"h64_l3_b4", 64, 30, 4, false, {30, 9, 1, 22}, true, 3},
       {"h512_l2_b8_t100", 512, 100, 8, false, {}, false, 2},
       {"h256_l4_b2_varlen", 256, 40, 2, false, {40, 17}, true, 4},
@@ -96,11 +111,22 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   cuda::PersistentDevice dev;
   ASSERT_EQ(cuda::persistent_device(0, &dev), "");
   // On a device like the H200 (clusters, 32 or more SMs, 227 KiB of shared memory), the shapes
-  // below hidden 1024 at batch <= 8 in one layer are the cluster kernel's (unless
+  // below hidden 1024 are the cluster kernel's, a wavefront's at batch <= 8 (unless
   // $LSTM_PERSISTENT_CLUSTER=0 turned it off for a measurement).
   const char* off = std::getenv("LSTM_PERSISTENT_CLUSTER");
   if (dev.cluster && dev.sms >= 32 && dev.smem_per_block >= 227 * 1024 && !(off && std::string(off) == "0")) {
-    EXPECT_EQ(cluster, sh.H < 1024 && sh.B <= 8);
+    EXPECT_EQ(cluster, sh.H < 1024 && (sh.B <= 8 || !wave));
+    if (cluster) {
+      // Batch groups: every row in one, none empty, 8-row tiles unless those would take more
+      // clusters than the device holds at once.
+      EXPECT_GE(int64_t{cl.rows} * cl.batch_groups, sh.B);
+      EXPECT_LT(int64_t{cl.rows} * (cl.batch_groups - 1), sh.B);
+      EXPECT_LE(cl.rows, cl.cluster_rows);
+      if (cl.cluster_rows != 8) {
+        EXPECT_EQ(cl.cluster_rows, 16);
+        EXPECT_GT(spec.directions() * ((sh.B + 7) / 8), cl.resident);
+      }
+    }
   }
 
   const Problem p = make_problem(c, q.prec.dtype, 0x5eed0000ull + static_cast<uint64_t>(sh.H * 131 + sh.B));
@@ -111,6 +137,10 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
   const std::string ran = be->last_run();
   if (cluster) {
     EXPECT_EQ(ran.rfind(wave ? "persistent:cluster, wavefront" : "persistent:cluster", 0), 0u) << ran;
+  } else if (wave && sh.B > 8) {
+    // A stack the cluster wavefront does not take: the grid wavefront or, where it does not fit,
+    // the clusters layer by layer (whose batch groups need no wavefront).
+    EXPECT_TRUE(ran.rfind("persistent:wavefront", 0) == 0 || ran.rfind("persistent:cluster", 0) == 0) << ran;
   } else {
     EXPECT_EQ(ran.find("cluster"), std::string::npos) << ran;
     EXPECT_EQ(ran.rfind("persistent", 0), 0u) << ran;
@@ -130,7 +160,11 @@ TEST_P(PersistentKernels, MatchReferenceAndRunThePlannedKernel) {
       EXPECT_EQ(cluster_bwd, cluster && whole);
     }
   }
-  std::cout << "[ info     ] " << sh.name << ": " << ran << (cluster ? ", cluster of " + std::to_string(cl.ctas) : "")
+  std::cout << "[ info     ] " << sh.name << ": " << ran
+            << (cluster ? ", " + std::to_string(cl.batch_groups) + " cluster(s) of " + std::to_string(cl.ctas) + " CTAs, " +
+                              std::to_string(cl.rows) + " rows each (tiles of " + std::to_string(cl.cluster_rows) +
+                              "), " + std::to_string(cl.resident) + " resident"
+                        : "")
             << "\n";
 #endif
 }

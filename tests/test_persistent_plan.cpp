@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "lstm/tensor.hpp"
 #if LSTM_HAVE_CUDA
@@ -119,7 +120,44 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
   EXPECT_NE(plan_persistent_cluster(h200(), 520, 520, 0, 1, 1, DType::BF16, &s).find("does not fit one cluster"),
             std::string::npos);
   EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 1, DType::F32, &s).find("BF16 or F16"), std::string::npos);
-  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 0, 1, 9, DType::BF16, &s).find("up to 8 rows"),
+  // Batches of more than 8 rows: clusters of equal batch groups of at most 8 rows each (the same
+  // slice and shared memory per cluster); knowing that the device holds 7 such clusters at once
+  // (resident), fewer groups of up to 16 rows where 8-row groups would need more clusters: 64 rows
+  // as 7 groups of 10 rather than 8 of 8 in two waves, two directions as 4 groups of 16 each, 40
+  // rows still as 5 groups of 8.
+  struct Split {
+    int64_t H, groups, B;
+    int resident, batch_groups, rows, cluster_rows;
+  };
+  for (const Split& c : std::vector<Split>{{256, 1, 8, 0, 1, 8, 8},
+                                           {256, 1, 9, 0, 2, 5, 8},
+                                           {64, 1, 3, 0, 1, 3, 8},
+                                           {512, 2, 64, 0, 8, 8, 8},
+                                           {512, 1, 100, 0, 13, 8, 8},
+                                           {512, 1, 64, 7, 7, 10, 16},
+                                           {256, 2, 64, 7, 4, 16, 16},
+                                           {512, 1, 40, 7, 5, 8, 8},
+                                           {512, 1, 128, 7, 8, 16, 16}}) {
+    ASSERT_EQ(plan_persistent_cluster(h200(), c.H, c.H, 0, c.groups, c.B, DType::BF16, &s, c.resident), "") << c.B;
+    EXPECT_EQ(s.batch_groups, c.batch_groups) << c.H << " " << c.B;
+    EXPECT_EQ(s.rows, c.rows) << c.H << " " << c.B;
+    EXPECT_EQ(s.cluster_rows, c.cluster_rows) << c.H << " " << c.B;
+    PersistentShape one;
+    ASSERT_EQ(plan_persistent_cluster(h200(), c.H, c.H, 0, 1, 1, DType::BF16, &one), "");
+    EXPECT_EQ(s.units, one.units);
+    // 16-row tiles at hidden 512: h, the partial sums (4 shares of K) and the staging buffer for 8
+    // more rows.
+    const size_t more = 8 * (2 * (512 + 8) * 2 + 4 * (128 + 4) * 4 + 32 * 2);
+    if (c.H == 512) {
+      EXPECT_EQ(s.smem, one.smem + (c.cluster_rows == 16 ? more : 0)) << c.B;
+    }
+    if (c.cluster_rows == 8) {
+      EXPECT_EQ(s.smem, one.smem) << c.H << " " << c.B;
+    }
+    EXPECT_LE(s.smem, size_t{232448});
+  }
+  // ... but a wavefront's clusters hand h to each other whole: at most 8 rows.
+  EXPECT_NE(plan_persistent_cluster(h200(), 256, 256, 256, 3, 9, DType::BF16, &s).find("wavefront runs batches of up to 8"),
             std::string::npos);
   // The wavefront of 4 layers: 7 clusters (the layers, and the input projections of layers 1 to 3),
   // each with the projection's input buffers.
@@ -168,8 +206,10 @@ TEST(PersistentPlan, ClusterBackwardTakesWhatTheForwardTakes) {
   EXPECT_NE(plan_persistent_cluster_backward(h200(), 520, 1, DType::BF16, &b).find("does not fit one cluster"),
             std::string::npos);
   EXPECT_NE(plan_persistent_cluster_backward(h200(), 256, 1, DType::F32, &b).find("BF16 or F16"), std::string::npos);
-  EXPECT_NE(plan_persistent_cluster_backward(h200(), 256, 9, DType::BF16, &b).find("up to 8 rows"),
-            std::string::npos);
+  // Larger batches: the forward's batch groups, one cluster each.
+  ASSERT_EQ(plan_persistent_cluster_backward(h200(), 256, 20, DType::BF16, &b), "");
+  EXPECT_EQ(b.batch_groups, 3);
+  EXPECT_EQ(b.rows, 7);
   // A device with less shared memory per block: the backward's larger buffers are refused by name.
   PersistentDevice small = h200();
   small.smem_per_block = 200 * 1024;

@@ -759,9 +759,16 @@ void launch_nt(const PersistentArgs<E>& a, int groups, const PersistentShape& p,
 constexpr int kClusterWarps = 16;
 constexpr int kClusterBlock = kClusterWarps * 32;
 constexpr int kClusterMax = 16;      // CTAs per cluster (non-portable above 8)
-// k-tiles of W each warp holds in registers, by m-tiles per CTA (MT): the planner's smallest slice
-// for each hidden size needs 1 (hidden <= 128), 4 (<= 256) or 16 (<= 512).
-__host__ __device__ constexpr int cluster_tiles(int mt) { return mt >= 8 ? 16 : mt >= 4 ? 4 : 1; }
+constexpr int kClusterRows = 8;      // batch rows per cluster (larger batches: several clusters)
+// The forward's warps by m-tiles per CTA (MT): each warp multiplies cluster_mpw m-tiles (two at
+// 8 m-tiles, so that each h fragment read from shared memory serves two products: the product
+// reads h from shared memory MT / cluster_mpw times per step, and that is its bottleneck), over
+// one of cluster_wk shares of K, holding at most cluster_tiles k-tiles of W per m-tile in registers:
+// the planner's smallest slice for each hidden size needs 1 (hidden <= 128), 4 (<= 256) or 8 (<=
+// 512).
+__host__ __device__ constexpr int cluster_mpw(int mt) { return mt >= 8 ? 2 : 1; }
+__host__ __device__ constexpr int cluster_wk(int mt) { return kClusterWarps / (mt / cluster_mpw(mt)); }
+__host__ __device__ constexpr int cluster_tiles(int mt) { return mt >= 8 ? 8 : mt >= 4 ? 4 : 1; }
 // $LSTM_PERSISTENT_TRACE: per step, the clock at the top of the step, after the wavefront's input
 // (taken and the next step's copies issued), after its W_ih product, after the wait, after the
 // product, after the CTA barrier, after the cell, after the sends.
@@ -851,25 +858,29 @@ __host__ __device__ constexpr int cluster_ks(int H, int U) {
   return (kh > kw ? kh : kw) + 8;
 }
 
-// The cluster kernels' product: a warp's k-tiles [kb, ke) of W (registers, afr; at most NT) with
-// the [NP, KS] values at src, two k-tiles per ldmatrix (lanes 16-31 address the second; past the
-// warp's last tile they re-read it, against a zero tile of W), four tiles loaded before their
-// products, NC accumulator chains; the warp's partial sums of m-tile m into its slice kp of red
-// ([kp][NP][RS] floats).
-template <class E, int NT, int NC, int NP, int RS>
-__device__ __forceinline__ void cluster_product(const unsigned (&afr)[NT][4], const E* src, int KS, int kb, int ke,
-                                                int m, int kp, float* red, int lane) {
+// The cluster kernels' product: a warp's k-tiles [kb, ke) of W for its MPW m-tiles m0, m0 + 1, ...
+// (registers, afr; at most NT each) with 8 rows (an n-tile) of the values at src ([rows, KS]), two
+// k-tiles per ldmatrix (lanes 16-31 address the second; past the warp's last tile they re-read it,
+// against a zero tile of W), four tiles loaded before their products, each used by the MPW
+// m-tiles, NC accumulator chains per m-tile; the warp's partial sums into its slice kp of red
+// ([kp][NP][RS] floats, the n-tile's columns first).
+template <class E, int MPW, int NT, int NC, int NP, int RS>
+__device__ __forceinline__ void cluster_product_tile(const unsigned (&afr)[MPW][NT][4], const E* src, int KS, int kb,
+                                                     int ke, int m0, int kp, float* red, int lane) {
   constexpr int KK = 16;
-  float acc[NC][4];
+  float acc[MPW][NC][4];
 #pragma unroll
-  for (int c = 0; c < NC; ++c)
+  for (int mi = 0; mi < MPW; ++mi)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mi][c][q] = 0.f;
   const E* hrow = src + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
   if constexpr (NT == 1) {
     unsigned bf[2];
     ldsm_x2(bf, hrow + kb * KK);
-    mma_16816<E>(acc[0], afr[0], bf);
+#pragma unroll
+    for (int mi = 0; mi < MPW; ++mi) mma_16816<E>(acc[mi][0], afr[mi][0], bf);
   } else {
 #pragma unroll
     for (int i0 = 0; i0 < NT; i0 += 4) {
@@ -885,43 +896,65 @@ __device__ __forceinline__ void cluster_product(const unsigned (&afr)[NT][4], co
         bf[q + 1][1] = r4[3];
       }
 #pragma unroll
-      for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int mi = 0; mi < MPW; ++mi) mma_16816<E>(acc[mi][(i0 + q) % NC], afr[mi][i0 + q], bf[q]);
     }
   }
-#pragma unroll
-  for (int c = 1; c < NC; ++c)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
   const int g = lane >> 2, tq = lane & 3;
   float* rw = red + kp * NP * RS;
-  const int row = m * 16 + g, col = 2 * tq;
-  rw[col * RS + row] = acc[0][0];
-  rw[(col + 1) * RS + row] = acc[0][1];
-  rw[col * RS + row + 8] = acc[0][2];
-  rw[(col + 1) * RS + row + 8] = acc[0][3];
+#pragma unroll
+  for (int mi = 0; mi < MPW; ++mi) {
+#pragma unroll
+    for (int c = 1; c < NC; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mi][0][q] += acc[mi][c][q];
+    const int row = (m0 + mi) * 16 + g, col = 2 * tq;
+    rw[col * RS + row] = acc[mi][0][0];
+    rw[(col + 1) * RS + row] = acc[mi][0][1];
+    rw[col * RS + row + 8] = acc[mi][0][2];
+    rw[(col + 1) * RS + row + 8] = acc[mi][0][3];
+  }
 }
 
-// MT m-tiles (U = 4 MT units) per CTA; kClusterWarps / MT warps split K for each m-tile, each
-// holding up to cluster_tiles(MT) k-tiles of W in registers. Every thread of the first U B does
-// the cell of one (unit, batch row); after it every CTA's h_t goes to every CTA, one 16-byte (8-byte
-// for U = 4) st.async per thread at most.
-template <class E, int MT, bool WAVE>
+// The product for all NP rows (NP / 8 n-tiles, one after the other, so that the registers of one
+// serve the next).
+template <class E, int MPW, int NT, int NC, int NP, int RS>
+__device__ __forceinline__ void cluster_product(const unsigned (&afr)[MPW][NT][4], const E* src, int KS, int kb,
+                                                int ke, int m0, int kp, float* red, int lane) {
+#pragma unroll
+  for (int n = 0; n < NP / 8; ++n)
+    cluster_product_tile<E, MPW, NT, NC, NP, RS>(afr, src + n * 8 * KS, KS, kb, ke, m0, kp, red + n * 8 * RS, lane);
+}
+
+// MT m-tiles (U = 4 MT units) per CTA; each warp takes cluster_mpw(MT) of them over one of
+// cluster_wk(MT) shares of K, holding up to cluster_tiles(MT) k-tiles of W per m-tile in registers;
+// batch rows in NB tiles of 8 (at most 8
+// NB rows per cluster). Every thread of the first U B does the cell of one (unit, batch row); after
+// it every CTA's h_t goes to every CTA, one 16-byte (8-byte for U = 4) st.async per thread and
+// row tile at most.
+template <class E, int MT, bool WAVE, int NB>
 __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(const PersistentArgs<E> a, int cl) {
+  static_assert(NB == 1 || (NB == 2 && !WAVE), "16-row tiles are for clusters outside the wavefront");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // Clusters are sm_90 and later (the planner offers them only there); the body's instructions
   // would not even compile for the older targets this file's PTX is embedded for.
   __trap();
 #else
-  constexpr int KK = 16, ROWS = 16 * MT, U = ROWS / 4, NP = 8, RS = ROWS + kRedPad;
-  constexpr int WK = kClusterWarps / MT;  // partial sums per value
-  constexpr int NT = cluster_tiles(MT);   // k-tiles per warp, at most
-  constexpr int NC = MT >= 8 ? 2 : NT < 4 ? NT : 4;  // accumulator chains
+  constexpr int KK = 16, ROWS = 16 * MT, U = ROWS / 4, NP = 8 * NB, RS = ROWS + kRedPad;
+  constexpr int MPW = cluster_mpw(MT);    // m-tiles per warp
+  constexpr int MG = MT / MPW;            // warps per share of K
+  constexpr int WK = cluster_wk(MT);      // shares of K = partial sums per value
+  constexpr int NT = cluster_tiles(MT);   // k-tiles per warp and m-tile, at most
+  constexpr int NC = MPW > 1 ? 1 : NT < 4 ? NT : 4;  // accumulator chains per m-tile
   constexpr int VW = U == 4 ? 2 : 4;      // 32-bit words per send (alignment: a slice is U * 2 bytes)
   constexpr int NCH = U / 2 / VW;         // sends per batch row and destination
-  const int grp = blockIdx.x / cl;
+  // Cluster ci runs group grp on batch rows [b0, b0 + B): `B` below is the cluster's rows, `BT`
+  // the whole batch (the row stride of every [T, BT, ...] buffer), global row b0 + b.
+  const int ci = blockIdx.x / cl, grp = ci % a.groups, b0 = ci / a.groups * a.rows;
   const unsigned rank = cluster_rank();
   const PersistentGroup<E>& d = a.group[grp];
-  const int H = a.H, B = a.B, T = a.T;
+  const int H = a.H, BT = a.B, B = min(a.rows, BT - b0), T = a.T;
   const int KS = cluster_ks(H, U), KT = (H + KK - 1) / KK;
   extern __shared__ __align__(16) unsigned char smem[];
   E* Ws = reinterpret_cast<E*>(smem);        // [ROWS, KS], read once into registers
@@ -939,7 +972,8 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   auto* gxs = reinterpret_cast<unsigned long long*>(Xs + NP * KS);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int j0 = static_cast<int>(rank) * U, nU = min(U, H - j0);
-  long long* const trace = a.trace && grp == a.trace_group && tid == 0 && (rank == 0 || static_cast<int>(rank) == cl - 1)
+  long long* const trace = a.trace && grp == a.trace_group && b0 == 0 && tid == 0 &&
+                                   (rank == 0 || static_cast<int>(rank) == cl - 1)
                                ? a.trace + (rank == 0 ? 0 : 1) * static_cast<size_t>(T) * kTraceStamps
                                : nullptr;
   auto stamp = [&](int s, int k) {
@@ -976,37 +1010,54 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     mbar_expect(&bars[1], step_bytes);  // h_0, read at step 1
   }
   __syncthreads();
-  const size_t h_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
-  const size_t c_first = a.seq && d.reverse ? static_cast<size_t>(T) * B * H : 0;
+  // The initial state's slot (this cluster's first row of it).
+  const size_t h_first = (a.seq && d.reverse ? static_cast<size_t>(T) * BT * H : 0) + static_cast<size_t>(b0) * H;
+  const size_t c_first = h_first;
   if (!proj) copy_h_to_shared(Hs, d.h + h_first, B, H, KS);  // h0 into buffer 0 (every CTA its own copy)
-  // Warp w: m-tile w % MT, k-tiles [kb, ke) of its share w / MT (ke - kb <= NT: the planner).
-  const int m = warp % MT, kp = warp / MT;
+  // Warp w: m-tiles m0 .. m0 + MPW - 1 (m0 = MPW (w % MG)), k-tiles [kb, ke) of its share w / MG
+  // (ke - kb <= NT: the planner).
+  const int m0 = warp % MG * MPW, kp = warp / MG;
   const int kb = kp * KT / WK, ke = (kp + 1) * KT / WK;
-  unsigned afr[NT][4];
+  unsigned afr[MPW][NT][4];
 #pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    if (kb + i < ke)
-      ldsm_x4(afr[i], Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
-    else
-      afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;  // a zero tile: its product adds nothing
-  }
+  for (int mi = 0; mi < MPW; ++mi)
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      if (kb + i < ke)
+        ldsm_x4(afr[mi][i], Ws + ((m0 + mi) * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
+      else
+        afr[mi][i][0] = afr[mi][i][1] = afr[mi][i][2] = afr[mi][i][3] = 0u;  // a zero tile: its product adds nothing
+    }
   // This thread's send: chunk c (VW words) of batch row `row` to rank r, the same chunk of the
-  // same buffer every step (the parity's buffer and barrier are an offset away).
-  const bool sender = tid < cl * B * NCH;
+  // same buffer every step (the parity's buffer and barrier are an offset away). With 16-row tiles
+  // a thread sends the chunk of rows `row` and `row + 8` (cl x 8 x NCH <= kClusterBlock).
+  bool sender, sender2 = false;
   unsigned send_dst = 0, send_bar = 0;
   const E* send_src = stage;
-  if (sender) {
-    const int r = tid / (B * NCH), rest = tid - r * (B * NCH), row = rest / NCH, c = rest - row * NCH;
-    send_dst = cluster_addr(Hs + row * KS + j0 + c * VW * 2, static_cast<unsigned>(r));
-    send_bar = cluster_addr(bars, static_cast<unsigned>(r));
-    send_src = stage + row * U + c * VW * 2;
+  if constexpr (NB == 1) {
+    sender = tid < cl * B * NCH;
+    if (sender) {
+      const int r = tid / (B * NCH), rest = tid - r * (B * NCH), row = rest / NCH, c = rest - row * NCH;
+      send_dst = cluster_addr(Hs + row * KS + j0 + c * VW * 2, static_cast<unsigned>(r));
+      send_bar = cluster_addr(bars, static_cast<unsigned>(r));
+      send_src = stage + row * U + c * VW * 2;
+    }
+  } else {
+    const int r = tid / (8 * NCH), rest = tid - r * (8 * NCH), row = rest / NCH, c = rest - row * NCH;
+    sender = r < cl && row < B;
+    sender2 = r < cl && row + 8 < B;
+    if (sender) {
+      send_dst = cluster_addr(Hs + row * KS + j0 + c * VW * 2, static_cast<unsigned>(r));
+      send_bar = cluster_addr(bars, static_cast<unsigned>(r));
+      send_src = stage + row * U + c * VW * 2;
+    }
   }
   // This thread's cell item: batch row b of unit j0 + u.
   const bool iv = tid < nU * B;
-  const int b = iv ? tid % B : 0, u = iv ? tid / B : 0, j = j0 + u;
+  const int b = iv ? tid % B : 0, u = iv ? tid / B : 0, j = j0 + u, gb = b0 + b;
   float cst = iv && !proj ? d.c[c_first + static_cast<size_t>(b) * H + j] : 0.f;
   E hcur = iv && !proj ? d.h[h_first + static_cast<size_t>(b) * H + j] : from_f<E>(0.f);
-  const int len = iv ? a.len[b] : 0;
+  const int len = iv ? a.len[gb] : 0;
   // The x-projection values of the next step, loaded at the end of a step (their latency passes
   // during the wait and the product): plain floats of the GEMM before the launch, or, for a layer
   // of the wavefront above the first (d.gx_in), the tagged words its projection group writes (the
@@ -1018,14 +1069,14 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     if constexpr (WAVE) {
       if (d.gx_in) {
         if (on) {
-          const unsigned long long* src = d.gx_in + ((static_cast<size_t>(t_load) * B + b) * H + j) * 4;
+          const unsigned long long* src = d.gx_in + ((static_cast<size_t>(t_load) * BT + gb) * H + j) * 4;
           cp_async16(gxs + tid * 4, src);
           cp_async16(gxs + tid * 4 + 2, src + 2);
         }
         return;
       }
     }
-    const float* g = d.gates + (static_cast<size_t>(t_load) * B + b) * 4 * H + j;
+    const float* g = d.gates + (static_cast<size_t>(t_load) * BT + gb) * 4 * H + j;
 #pragma unroll
     for (int gate = 0; gate < 4; ++gate) gx[gate] = on ? g[gate * H] : 0.f;
   };
@@ -1035,7 +1086,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
         if (a.skip & kSkipGates) return 0.f;
         cp_async_wait_all();
         unsigned long long v = gxs[tid * 4 + gate];
-        const unsigned long long* src = d.gx_in + ((static_cast<size_t>(s_now) * B + b) * H + j) * 4 + gate;
+        const unsigned long long* src = d.gx_in + ((static_cast<size_t>(s_now) * BT + gb) * H + j) * 4 + gate;
         while (!(a.skip & kSkipWait) && static_cast<unsigned>(v >> 32) != static_cast<unsigned>(s_now + 1)) {
           if (!(a.skip & kSkipSleep)) __nanosleep(32);
           v = ld_word(src);
@@ -1082,7 +1133,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   // The product of this CTA's rows of W (registers) with the [NP, KS] values at src (h_{t-1}, or a
   // projection group's input), each warp's partial sums into red.
   auto multiply = [&](const E* src) {
-    cluster_product<E, NT, NC, NP, RS>(afr, src, KS, kb, ke, m, kp, red, lane);
+    cluster_product<E, MPW, NT, NC, NP, RS>(afr, src, KS, kb, ke, m0, kp, red, lane);
   };
   // Row b of unit u's gate `gate`: the sum of the warps' partial sums.
   auto reduced = [&](int gate) {
@@ -1110,7 +1161,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
         stamp(s, 2);
         __syncthreads();
         if (iv) {
-          unsigned long long* g = d.gx_out + ((static_cast<size_t>(s) * B + b) * H + j) * 4;
+          unsigned long long* g = d.gx_out + ((static_cast<size_t>(s) * BT + gb) * H + j) * 4;
 #pragma unroll
           for (int gate = 0; gate < 4; ++gate)
             st_word(g + gate, (static_cast<unsigned long long>(s + 1) << 32) | __float_as_uint(reduced(gate)));
@@ -1151,7 +1202,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
         cst = fg * cst + ig * gg;
         hcur = from_f<E>(og * act_tanh<E>(cst));
         if (a.seq) {
-          float* gp = d.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j;
+          float* gp = d.gates + (static_cast<size_t>(t) * BT + gb) * 4 * H + j;
           gp[0] = ig;
           gp[H] = fg;
           gp[2 * H] = gg;
@@ -1168,25 +1219,29 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
       const unsigned parity = static_cast<unsigned>((s + 1) & 1);
       const unsigned dst = send_dst + parity * NP * KS * static_cast<unsigned>(sizeof(E));
       const unsigned bar = send_bar + parity * static_cast<unsigned>(sizeof(unsigned long long));
-      if constexpr (VW == 4) {
-        const uint4 v = *reinterpret_cast<const uint4*>(send_src);
-        if (mbar)
-          st_async4(dst, v, bar);
-        else
-          st_cluster4(dst, v);
-      } else {
-        const uint2 v = *reinterpret_cast<const uint2*>(send_src);
-        if (mbar)
-          st_async2(dst, v, bar);
-        else
-          st_cluster2(dst, v);
-      }
+      auto send = [&](unsigned to, const E* from) {
+        if constexpr (VW == 4) {
+          const uint4 v = *reinterpret_cast<const uint4*>(from);
+          if (mbar)
+            st_async4(to, v, bar);
+          else
+            st_cluster4(to, v);
+        } else {
+          const uint2 v = *reinterpret_cast<const uint2*>(from);
+          if (mbar)
+            st_async2(to, v, bar);
+          else
+            st_cluster2(to, v);
+        }
+      };
+      send(dst, send_src);
+      if (NB > 1 && sender2) send(dst + 8 * KS * static_cast<unsigned>(sizeof(E)), send_src + 8 * U);
     }
     if (WAVE && d.xchg && tid < B * (U / 2)) {
       // The wavefront: h_t (the output) for the layer above, as tagged exchange words.
       const int row = tid / (U / 2), w = tid - row * (U / 2), words = (H + 1) / 2;
       if (j0 / 2 + w < words)
-        st_word(d.xchg + (static_cast<size_t>(s) * B + row) * words + j0 / 2 + w,
+        st_word(d.xchg + (static_cast<size_t>(s) * BT + b0 + row) * words + j0 / 2 + w,
                 (static_cast<unsigned long long>(s + 1) << 32) |
                     reinterpret_cast<const unsigned*>(stage)[row * (U / 2) + w]);
     }
@@ -1194,9 +1249,9 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
     // Then the output and the saved state (off the critical path: the next wait absorbs them).
     if (iv && !(a.skip & kSkipWrites)) {
       const bool active = t < len;
-      d.y[(static_cast<size_t>(t) * B + b) * a.ldy + j] = active ? hcur : from_f<E>(0.f);
+      d.y[(static_cast<size_t>(t) * BT + gb) * a.ldy + j] = active ? hcur : from_f<E>(0.f);
       if (a.seq) {
-        const size_t slot = static_cast<size_t>(d.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H + j;
+        const size_t slot = static_cast<size_t>(d.reverse ? t : t + 1) * BT * H + static_cast<size_t>(gb) * H + j;
         d.h[slot] = hcur;
         d.c[slot] = cst;
       }
@@ -1209,20 +1264,22 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
   }
   if (mbar) cluster_sync();  // no CTA leaves while another may still store into it
   if (iv) {
-    d.h_n[static_cast<size_t>(b) * H + j] = hcur;
-    d.c_n[static_cast<size_t>(b) * H + j] = from_f<E>(cst);
+    d.h_n[static_cast<size_t>(gb) * H + j] = hcur;
+    d.c_n[static_cast<size_t>(gb) * H + j] = from_f<E>(cst);
   }
 #endif
 }
 
-size_t cluster_smem_bytes(int units, int64_t H, bool wavefront) {
+// Shared memory of the forward's cluster kernel with batch tiles of `rows` (8 or 16) rows.
+size_t cluster_smem_bytes(int units, int64_t H, bool wavefront, int rows) {
   const size_t KS = static_cast<size_t>(cluster_ks(static_cast<int>(H), units));
   const int MT = units / 4;
   // (The wavefront's Xs, 8 x KS values, and gxs, 8 x units x 4 words.)
-  return (4 * static_cast<size_t>(units) + 2 * 8 + (wavefront ? 8 : 0)) * KS * 2 +
-         (wavefront ? 8 * static_cast<size_t>(units) * 4 * 8 : 0) +
-         (static_cast<size_t>(kClusterWarps / MT) * 8 * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
-         2 * sizeof(unsigned long long) + 8 * static_cast<size_t>(units) * 2;
+  const size_t NP = static_cast<size_t>(rows);
+  return (4 * static_cast<size_t>(units) + 2 * NP + (wavefront ? NP : 0)) * KS * 2 +
+         (wavefront ? NP * static_cast<size_t>(units) * 4 * 8 : 0) +
+         (static_cast<size_t>(cluster_wk(MT)) * NP * (4 * units + kRedPad) + 4 * units) * sizeof(float) +
+         2 * sizeof(unsigned long long) + NP * static_cast<size_t>(units) * 2;
 }
 
 // ---- The cluster backward ------------------------------------------------------------------
@@ -1255,10 +1312,12 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_backward_
   __trap();
 #else
   using C = ClusterBack<U>;
-  constexpr int KK = 16, NP = 8, MROWS = C::MROWS, MT = C::MT, WK = C::WK, NT = C::NT, NC = C::NC, VW = C::VW,
+  constexpr int KK = 16, NP = kClusterRows, MROWS = C::MROWS, MT = C::MT, WK = C::WK, NT = C::NT, NC = C::NC, VW = C::VW,
                 NCH = C::NCH, RS = C::RS;
   const unsigned rank = cluster_rank();
-  const int H = a.H, B = a.B, T = a.T;
+  // Cluster blockIdx.x / cl sweeps batch rows [b0, b0 + B) of the BT (the forward's batch groups).
+  const int b0 = static_cast<int>(blockIdx.x) / cl * a.rows;
+  const int H = a.H, BT = a.B, B = min(a.rows, BT - b0), T = a.T;
   const int Hc = cl * U, KS = cluster_back_ks(H, U), KT = 4 * Hc / KK;
   extern __shared__ __align__(16) unsigned char smem[];
   E* Ws = reinterpret_cast<E*>(smem);                       // [MROWS, KS]: W_hh^T rows, read once into registers
@@ -1290,75 +1349,40 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_backward_
   __syncthreads();
   const int m = warp % MT, kp = warp / MT;
   const int kb = kp * KT / WK, ke = (kp + 1) * KT / WK;  // ke - kb <= NT (the planner)
-  unsigned afr[NT][4];
+  unsigned afr[1][NT][4];
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
     if (kb + i < ke)
-      ldsm_x4(afr[i], Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
+      ldsm_x4(afr[0][i], Ws + (m * 16 + (lane & 15)) * KS + (kb + i) * KK + (lane >> 4) * 8);
     else
-      afr[i][0] = afr[i][1] = afr[i][2] = afr[i][3] = 0u;
+      afr[0][i][0] = afr[0][i][1] = afr[0][i][2] = afr[0][i][3] = 0u;
   }
   // This thread's cell item: batch row b of unit j0 + u.
   const bool iv = tid < nU * B;
-  const int b = iv ? tid % B : 0, u = iv ? tid / B : 0, j = j0 + u;
-  const int len = iv ? a.len[b] : 0;
-  float dh = iv && a.dhn ? to_f(a.dhn[static_cast<size_t>(b) * H + j]) : 0.f;
-  float dc = iv && a.dcn ? to_f(a.dcn[static_cast<size_t>(b) * H + j]) : 0.f;
+  const int b = iv ? tid % B : 0, u = iv ? tid / B : 0, j = j0 + u, gb = b0 + b;
+  const int len = iv ? a.len[gb] : 0;
+  float dh = iv && a.dhn ? to_f(a.dhn[static_cast<size_t>(gb) * H + j]) : 0.f;
+  float dc = iv && a.dcn ? to_f(a.dcn[static_cast<size_t>(gb) * H + j]) : 0.f;
   float dhp = 0.f;
   // The next processed step's saved values (loaded a step ahead: they do not depend on the sweep).
   float ig = 0.f, fg = 0.f, gg = 0.f, og = 0.f, ct = 0.f, cp = 0.f, dyv = 0.f;
   auto load = [&](int s_load) {
     const int t = a.reverse ? s_load : T - 1 - s_load;
     if (!iv || s_load >= T || t >= len) return;
-    const float* g = a.gates + (static_cast<size_t>(t) * B + b) * 4 * H + j;
+    const size_t row = static_cast<size_t>(t) * BT + gb;  // (t, gb); c's slots are rows of [T + 1, BT]
+    const float* g = a.gates + row * 4 * H + j;
     ig = g[0];
     fg = g[H];
     gg = g[2 * H];
     og = g[3 * H];
-    ct = a.c[static_cast<size_t>(a.reverse ? t : t + 1) * B * H + static_cast<size_t>(b) * H + j];
-    cp = a.c[static_cast<size_t>(a.reverse ? t + 1 : t) * B * H + static_cast<size_t>(b) * H + j];
-    dyv = a.dy[(static_cast<size_t>(t) * B + b) * a.ldy + j];
+    ct = a.c[(a.reverse ? row : row + BT) * H + j];
+    cp = a.c[(a.reverse ? row + BT : row) * H + j];
+    dyv = a.dy[row * a.ldy + j];
   };
-  // dh_{t-1} of this thread's (unit, row) from dG in buffer `buf`: the product, then the sum of
-  // the warps' partial sums. Every thread calls it (it has CTA barriers). (The product is
-  // cluster_product's; calling it from here compiles to different SASS, which has not run on a
-  // GPU yet, so the measured code stays until a device session can test the change.)
+  // dh_{t-1} of this thread's (unit, row) from dG in buffer `buf`: the product (the forward's),
+  // then the sum of the warps' partial sums. Every thread calls it (it has CTA barriers).
   auto product = [&](const E* Gcur) {
-    if (ke > kb) {
-      float acc[NC][4];
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[c][q] = 0.f;
-      const E* grow = Gcur + (lane & 7) * KS + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int i0 = 0; i0 < NT; i0 += 4) {
-        unsigned bf[4][2];
-#pragma unroll
-        for (int q = 0; q < 4; q += 2) {
-          const int tile = min(kb + i0 + q + (lane >> 4), ke - 1);
-          unsigned r4[4];
-          ldsm_x4(r4, grow + tile * KK);
-          bf[q][0] = r4[0];
-          bf[q][1] = r4[1];
-          bf[q + 1][0] = r4[2];
-          bf[q + 1][1] = r4[3];
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) mma_16816<E>(acc[(i0 + q) % NC], afr[i0 + q], bf[q]);
-      }
-#pragma unroll
-      for (int c = 1; c < NC; ++c)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[0][q] += acc[c][q];
-      const int g = lane >> 2, tq = lane & 3;
-      float* rw = red + kp * NP * RS;
-      const int row = m * 16 + g, col = 2 * tq;
-      rw[col * RS + row] = acc[0][0];
-      rw[(col + 1) * RS + row] = acc[0][1];
-      rw[col * RS + row + 8] = acc[0][2];
-      rw[(col + 1) * RS + row + 8] = acc[0][3];
-    }
+    if (ke > kb) cluster_product<E, 1, NT, NC, NP, RS>(afr, Gcur, KS, kb, ke, m, kp, red, lane);
     __syncthreads();
     if (iv) {
       float v = 0.f;
@@ -1398,7 +1422,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_backward_
       st[U] = e1;
       st[2 * U] = e2;
       st[3 * U] = e3;
-      E* dg = a.dg + (static_cast<size_t>(t) * B + b) * 4 * H + j;
+      E* dg = a.dg + (static_cast<size_t>(t) * BT + gb) * 4 * H + j;
       dg[0] = e0;
       dg[H] = e1;
       dg[2 * H] = e2;
@@ -1430,8 +1454,8 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_backward_
   product(Gs + (T & 1) * NP * KS);
   if (iv) {
     const int tl = a.reverse ? T - 1 : 0;
-    if (a.dh0) a.dh0[static_cast<size_t>(b) * H + j] = from_f<E>(tl < len ? dhp : dh);
-    if (a.dc0) a.dc0[static_cast<size_t>(b) * H + j] = from_f<E>(dc);
+    if (a.dh0) a.dh0[static_cast<size_t>(gb) * H + j] = from_f<E>(tl < len ? dhp : dh);
+    if (a.dc0) a.dc0[static_cast<size_t>(gb) * H + j] = from_f<E>(dc);
   }
   cluster_sync();  // no CTA leaves before every CTA has passed its last wait
 #endif
@@ -1440,9 +1464,10 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_backward_
 size_t cluster_back_smem_bytes(int units, int64_t H) {
   const int mrows = units < 16 ? 16 : units, mt = mrows / 16;
   const size_t KS = static_cast<size_t>(cluster_back_ks(static_cast<int>(H), units));
-  return (static_cast<size_t>(mrows) + 2 * 8) * KS * 2 +
-         static_cast<size_t>(kClusterWarps / mt) * 8 * (mrows + kRedPad) * sizeof(float) +
-         2 * sizeof(unsigned long long) + 8 * 4 * static_cast<size_t>(units) * 2;
+  constexpr size_t NP = kClusterRows;
+  return (static_cast<size_t>(mrows) + 2 * NP) * KS * 2 +
+         static_cast<size_t>(kClusterWarps / mt) * NP * (mrows + kRedPad) * sizeof(float) +
+         2 * sizeof(unsigned long long) + NP * 4 * static_cast<size_t>(units) * 2;
 }
 
 // $LSTM_PERSISTENT_TRACE: runs the launch with clock stamps, waits for it, and prints the
@@ -1516,15 +1541,22 @@ int resident_clusters(const void* kernel, const PersistentShape& p) {
 
 // The cluster kernel of a slice of `units` units (wave: the instantiation of the stack's
 // wavefront, whose groups above the first project their input themselves).
-template <class E, bool WAVE>
-auto cluster_kernel(int units) {
+template <class E, bool WAVE, int NB>
+auto cluster_kernel_nb(int units) {
   switch (units) {
-    case 4: return persistent_cluster_kernel<E, 1, WAVE>;
-    case 8: return persistent_cluster_kernel<E, 2, WAVE>;
-    case 16: return persistent_cluster_kernel<E, 4, WAVE>;
-    case 32: return persistent_cluster_kernel<E, 8, WAVE>;
+    case 4: return persistent_cluster_kernel<E, 1, WAVE, NB>;
+    case 8: return persistent_cluster_kernel<E, 2, WAVE, NB>;
+    case 16: return persistent_cluster_kernel<E, 4, WAVE, NB>;
+    case 32: return persistent_cluster_kernel<E, 8, WAVE, NB>;
     default: LSTM_THROW("persistent LSTM: bad plan (" << units << " units per CTA)");
   }
+}
+// The kernel of plan p: the wavefront's instantiation (wave) or a single layer's, with 8- or
+// 16-row batch tiles.
+template <class E>
+auto cluster_kernel(const PersistentShape& p, bool wave) {
+  if (wave) return cluster_kernel_nb<E, true, 1>(p.units);
+  return p.cluster_rows > 8 ? cluster_kernel_nb<E, false, 2>(p.units) : cluster_kernel_nb<E, false, 1>(p.units);
 }
 template <class E>
 auto cluster_backward_kernel(int units) {
@@ -1547,27 +1579,35 @@ void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShap
     // each other (layer l on its projection, which waits on layer l-1), so all of its clusters
     // must be resident at once; other launches' clusters are independent.
     const bool wave = groups > 1 && a.group[1].gx_in;
-    const auto kernel = wave ? cluster_kernel<E, true>(p.units) : cluster_kernel<E, false>(p.units);
+    const auto kernel = cluster_kernel<E>(p, wave);
     LSTM_REQUIRE(p.resident >= (wave ? groups : 1),
                  "persistent LSTM: the device places " << p.resident << " clusters of " << p.ctas << " CTAs with "
                                                        << p.smem << " bytes of shared memory each at once; "
                                                        << (wave ? groups : 1) << " are needed");
+    LSTM_REQUIRE(p.rows > 0 && p.rows <= p.cluster_rows && p.batch_groups >= 1 &&
+                     static_cast<int64_t>(p.rows) * p.batch_groups >= a.B && (p.batch_groups == 1 || !wave) &&
+                     (p.cluster_rows == 8 || (p.cluster_rows == 16 && !wave)),
+                 "persistent LSTM: bad plan (" << p.batch_groups << " batch groups of " << p.rows << " rows for batch "
+                                               << a.B << (wave ? ", wavefront" : "") << ")");
+    PersistentArgs<E> args = a;
+    args.groups = groups;
+    args.rows = p.rows;
     allow_kernel(reinterpret_cast<const void*>(kernel), p.smem, true);
-    ClusterConfig l(groups, p, stream);
+    ClusterConfig l(groups * p.batch_groups, p, stream);
     if (const int traced = persistent_knobs().trace; traced > 0 && a.T >= 64) {
       cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
       LSTM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
       if (capturing == cudaStreamCaptureStatusNone)
-        return trace_cluster_launch(l.cfg, kernel, a, p.ctas, std::min(traced, groups) - 1);
+        return trace_cluster_launch(l.cfg, kernel, args, p.ctas, std::min(traced, groups) - 1);
     }
-    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a, p.ctas));
+    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, args, p.ctas));
   }
 }
 
 // How many clusters of plan p's kernel the current device holds at once.
 template <class E>
 int cluster_capacity(const PersistentShape& p, bool wave) {
-  const auto kernel = wave ? cluster_kernel<E, true>(p.units) : cluster_kernel<E, false>(p.units);
+  const auto kernel = cluster_kernel<E>(p, wave);
   return resident_clusters(reinterpret_cast<const void*>(kernel), p);
 }
 
@@ -1610,7 +1650,7 @@ std::string persistent_device(int device, PersistentDevice* out) {
 }
 
 std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size,
-                                    int64_t groups, int64_t B, DType dtype, PersistentShape* out) {
+                                    int64_t groups, int64_t B, DType dtype, PersistentShape* out, int resident) {
   if (dtype != DType::BF16 && dtype != DType::F16)
     return std::string("the cluster kernels compute in BF16 or F16, not ") + dtype_name(dtype);
   if (!dev.cluster) return "the device has no thread-block clusters";
@@ -1618,7 +1658,10 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
   if (in_size && in_size != H)
     return "the cluster wavefront takes layers whose input is the layer below's h (input " + std::to_string(in_size) +
            ", hidden " + std::to_string(H) + ")";
-  if (B > 8) return "the cluster kernels run batches of up to 8 rows; got " + std::to_string(B);
+  if (B < 1) return "the cluster kernels need at least one batch row; got " + std::to_string(B);
+  if (in_size && B > kClusterRows)
+    return "the cluster wavefront runs batches of up to " + std::to_string(kClusterRows) + " rows; got " +
+           std::to_string(B);
   if (groups > kPersistentMaxGroups)
     return "one launch of the cluster kernels runs at most " + std::to_string(kPersistentMaxGroups) + " clusters; " +
            (in_size ? "a wavefront of L layers takes 2L - 1, " : "") + std::to_string(groups) + " needed";
@@ -1626,16 +1669,35 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
   for (int units : {4, 8, 16, 32}) {
     const int64_t cl = (H + units - 1) / units;
     if (cl > kClusterMax) continue;
-    const int wk = kClusterWarps / (units / 4);
+    const int wk = cluster_wk(units / 4);
     if ((k_tiles + wk - 1) / wk > cluster_tiles(units / 4)) continue;
     if (cl * groups > dev.sms) continue;
-    const size_t smem = cluster_smem_bytes(units, H, in_size > 0);
+    const size_t smem = cluster_smem_bytes(units, H, in_size > 0, kClusterRows);
     if (smem > dev.smem_per_block) continue;
     *out = PersistentShape();
     out->units = units;
     out->ctas = static_cast<int>(cl);
     out->smem = smem;
     out->cluster = true;
+    out->cluster_rows = kClusterRows;
+    // Batch groups of equal size, at most 8 rows each; where the device holds fewer clusters than
+    // that makes (resident, known), as many groups as it holds (at least one per 16 rows) in
+    // 16-row tiles: one wave of clusters with 9 to 16 rows each runs faster than two of 8 (a step
+    // is mostly the exchange's latency, not its bytes).
+    int64_t bg = (B + kClusterRows - 1) / kClusterRows;
+    if (resident > 0 && !in_size && groups * bg > resident) {
+      const int64_t fit = std::max<int64_t>(resident / groups, (B + 2 * kClusterRows - 1) / (2 * kClusterRows));
+      const size_t smem16 = cluster_smem_bytes(units, H, false, 2 * kClusterRows);
+      if (fit < bg && smem16 <= dev.smem_per_block) {
+        bg = fit;
+        if ((B + bg - 1) / bg > kClusterRows) {
+          out->cluster_rows = 2 * kClusterRows;
+          out->smem = smem16;
+        }
+      }
+    }
+    out->batch_groups = static_cast<int>(bg);
+    out->rows = static_cast<int>((B + bg - 1) / bg);
     return "";
   }
   return "hidden size " + std::to_string(H) + " does not fit one cluster of " + std::to_string(kClusterMax) +
@@ -1653,7 +1715,17 @@ std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, in
   // Only the wavefront's groups wait on each other (layer l on its projection group, which waits
   // on layer l-1; never the other way): every cluster of its launch must fit the device at once.
   const bool wave = in_size > 0;
-  out->resident = dtype == DType::BF16 ? cluster_capacity<__nv_bfloat16>(*out, wave) : cluster_capacity<__half>(*out, wave);
+  auto capacity = [&] {
+    return dtype == DType::BF16 ? cluster_capacity<__nv_bfloat16>(*out, wave) : cluster_capacity<__half>(*out, wave);
+  };
+  out->resident = capacity();
+  // More batch groups than the device holds at once: fewer, larger ones where that fits.
+  if (!wave && groups * out->batch_groups > out->resident && out->resident > 0) {
+    const int resident = out->resident;
+    why = plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out, resident);
+    if (!why.empty()) return why;
+    out->resident = out->cluster_rows == kClusterRows ? resident : capacity();
+  }
   const int64_t needed = wave ? groups : 1;
   if (out->resident < needed)
     return "the device places " + std::to_string(out->resident) + " clusters of " + std::to_string(out->ctas) +
@@ -1788,10 +1860,15 @@ void launch_persistent_backward(const PersistentBackArgs<E>& a, const Persistent
                  "persistent LSTM backward: bad plan (" << p.ctas << " CTAs, " << p.resident << " resident clusters)");
     LSTM_REQUIRE(a.T > 0 && a.B > 0, "persistent LSTM backward: expected at least one step and one row, got T "
                                          << a.T << ", B " << a.B);
+    LSTM_REQUIRE(p.rows > 0 && static_cast<int64_t>(p.rows) * p.batch_groups >= a.B,
+                 "persistent LSTM backward: bad plan (" << p.batch_groups << " batch groups of " << p.rows
+                                                        << " rows for batch " << a.B << ")");
+    PersistentBackArgs<E> args = a;
+    args.rows = p.rows;
     const auto kernel = cluster_backward_kernel<E>(p.units);
     allow_kernel(reinterpret_cast<const void*>(kernel), p.smem, true);
-    ClusterConfig l(1, p, stream);
-    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a, p.ctas));
+    ClusterConfig l(p.batch_groups, p, stream);
+    LSTM_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, args, p.ctas));
   }
 }
 

@@ -23,13 +23,19 @@ namespace lstm::cuda {
 // of 8 batch rows; `w_in_registers`: the warps keep their W tiles in registers rather than reading
 // them from shared memory every step (docs/KERNELS.md, "Mapping"). The cluster kernels
 // (`cluster`): each group is one thread-block cluster of `ctas` CTAs, and `resident` says how many
-// such clusters the device holds at once (planned on a device; 0 from the pure planner).
+// such clusters the device holds at once (planned on a device; 0 from the pure planner). A batch
+// of more than 8 rows is split into `batch_groups` clusters per group of `rows` rows each (the
+// last may have fewer; outside the wavefront, where nothing crosses clusters), so a launch runs
+// groups x batch_groups clusters, in waves when the device holds fewer; `cluster_rows` is the
+// kernel's batch tile (8, or 16 where 8-row groups would not fit the device at once).
 struct PersistentShape {
   int units = 0, ctas = 0, n_tiles = 0;
   size_t smem = 0;
   bool w_in_registers = false;
   bool cluster = false;
   int resident = 0;
+  int rows = 0, batch_groups = 1;
+  int cluster_rows = 0;  // the cluster kernel's batch tile: 8 rows, or 16 (rows 9 to 16, not in a wavefront)
 };
 
 // The measurement knobs of the persistent kernels (docs/DEVELOPING.md), read from the environment
@@ -79,13 +85,17 @@ std::string plan_persistent(int64_t H, int64_t Hout, int64_t in_size, int64_t gr
                             int device, PersistentShape* out);
 
 // The cluster kernels (docs/KERNELS.md, "Clusters"): one thread-block cluster of up to 16 CTAs
-// per group holds W_hh in registers and hands h_t over through distributed shared memory, for
-// bf16/fp16, batch <= 8, no projection: a layer's directions per launch, or (in_size > 0) a
-// unidirectional stack's wavefront, `groups` = 2L - 1 clusters (the L layers and the projection
-// groups of layers 1 to L-1). A pure function of the device's properties like plan_persistent; ""
+// per group and batch group of up to 8 rows holds W_hh in registers and hands h_t over through
+// distributed shared memory, for bf16/fp16, no projection: a layer's directions per launch (any
+// batch, split into groups of at most 8 rows), or (in_size > 0, batch <= 8) a unidirectional
+// stack's wavefront, `groups` = 2L - 1 clusters (the L layers and the projection groups of layers
+// 1 to L-1). A pure function of the device's properties like plan_persistent; ""
 // and *out filled (cluster set), or why not.
+// `resident`: how many clusters the device holds at once, when known (0: batch groups of at most
+// 8 rows each; otherwise, outside a wavefront, groups of up to 16 rows where 8-row groups would
+// take more clusters than the device holds).
 std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int64_t Hout, int64_t in_size,
-                                    int64_t groups, int64_t B, DType dtype, PersistentShape* out);
+                                    int64_t groups, int64_t B, DType dtype, PersistentShape* out, int resident = 0);
 // The same on CUDA device `device` ($LSTM_PERSISTENT_CLUSTER=0 turns them off), with `resident`
 // (a stack's wavefront, groups waiting on each other, needs all of its clusters at once).
 std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, int64_t groups, int64_t B, DType dtype,
@@ -168,6 +178,9 @@ struct PersistentArgs {
   // stages in the first and last CTA of group trace_group's cluster (kTraceStamps per step).
   long long* trace = nullptr;
   int trace_group = 0;
+  // Set by the launch (the cluster kernels): cluster c runs group c % groups on batch rows
+  // [(c / groups) * rows, + rows) (PersistentShape::rows, batch_groups).
+  int groups = 1, rows = 0;
 };
 
 // The recurrent sweep of one direction's backward in one cluster launch (the cluster kernels'
@@ -190,6 +203,7 @@ struct PersistentBackArgs {
   E* dc0 = nullptr;              // [B, H] or null
   int T = 0, B = 0, H = 0;
   int reverse = 0;               // the direction: its forward ran t = T-1 .. 0
+  int rows = 0;                  // set by the launch: cluster c sweeps rows [c * rows, + rows)
 };
 
 // "" and the launch's shape in *out, or why the cluster backward does not take this direction on

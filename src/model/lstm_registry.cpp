@@ -94,12 +94,12 @@ std::vector<LstmBackendEntry> build_registry() {
                   }});
   rows.push_back({"persistent", Algo::Persistent,
                   "GPU, F32/TF32/BF16/F16: our persistent kernels, one launch for all steps, tensor-core "
-                  "products: bf16/fp16 layers up to hidden 512 at batch <= 8 in one thread-block cluster (W_hh "
-                  "in registers, h through distributed shared memory; stacks of up to 4 as a wavefront of "
-                  "clusters, each layer's input projection in a cluster beside it; the backward of a direction "
-                  "swept whole in one cluster launch), others over the whole GPU (slices of W_hh in registers or "
-                  "shared memory, h through L2; unidirectional stacks as a wavefront); batch <= 32, no "
-                  "projection, hidden size up to what the SMs hold; otherwise the fused backward",
+                  "products: bf16/fp16 layers up to hidden 512 in thread-block clusters, one per 8 batch rows "
+                  "(W_hh in registers, h through distributed shared memory; stacks of up to 4 at batch <= 8 as "
+                  "a wavefront of clusters, each layer's input projection in a cluster beside it; the backward "
+                  "of a direction swept whole in cluster launches), others over the whole GPU (slices of W_hh "
+                  "in registers or shared memory, h through L2; unidirectional stacks as a wavefront; batch <= "
+                  "32); no projection, hidden size up to what the SMs hold; otherwise the fused backward",
                   false, true, true,
                   [](const LstmSpec& s, DType dt, Device dev, const LstmOptions&) {
                     return cuda::persistent_lstm_unsupported(s, dt, dev);
