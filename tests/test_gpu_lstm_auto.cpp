@@ -163,6 +163,13 @@ TEST(LstmAuto, OnTheCpuF32MeasuresTheCpuRows) {
   be->forward(w, in, false, nullptr, nullptr, ExecContext::cpu());
   EXPECT_EQ(count_of(be->log(), "auto ("), 1u) << be->log();
   EXPECT_EQ(fs::exists(dir / "auto.json"), measured) << "the choice file holds measured choices only";
+  if (measured) {
+    // The kept choice names this build of the engine: a build with other kernels measures again.
+    const std::vector<std::string> kept = lstm_auto_choices(s, (dir / "auto.json").string());
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_NE(kept[0].find("lstm-engine " + engine_build() + ", "), std::string::npos) << kept[0];
+    EXPECT_FALSE(engine_build().empty());
+  }
 
   // Training: another key, measured anew; gradients match the reference's.
   std::unique_ptr<LstmSaved> saved;

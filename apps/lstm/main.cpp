@@ -26,8 +26,6 @@ namespace {
 
 using namespace lstm;
 
-constexpr const char* kVersion = "lstm-engine 0.1.0";
-
 // The job `lstm train` runs with no arguments: a character language model on the fortune
 // cookie corpus (Debian's fortunes packages), sized to finish in about three minutes on 2 cores.
 nlohmann::json default_job() {
@@ -231,7 +229,7 @@ int cmd_forward(const std::string& model_path, const std::string& input_path, co
 }
 
 int cmd_info(const std::string& model_path, bool allow_nonfinite) {
-  std::cout << kVersion << "\n";
+  std::cout << "lstm-engine " << engine_build() << "\n";
   std::cout << "devices:\n  cpu: " << num_threads() << " threads; " << cpu_backend_description() << "\n";
   if (cuda_available()) {
     std::cout << "  cuda: " << cuda_versions() << "\n";
@@ -274,7 +272,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1024 << 20);
   CLI::App app{"lstm: train and run LSTM networks (lstm-engine)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string(kVersion));
+  app.set_version_flag("--version", "lstm-engine " + engine_build());
 
   auto* train = app.add_subcommand("train", "train a model (no arguments: the default character language model job)");
   std::string config_path, data_path, out_dir = "runs/default", device = "cpu", precision = "f32", algo = "auto",

@@ -37,6 +37,9 @@ struct GpuInfo {
 std::vector<GpuInfo> cuda_devices();
 // e.g. "driver 13.0, runtime 13.0, cuBLAS 13.1.0, cuDNN 9.19.0"; "" without CUDA.
 std::string cuda_versions();
+// This build of the engine: its version and, when built from a git checkout, the commit, e.g.
+// "0.1.0 (622114e)" ("+dirty" after the commit when the tree had uncommitted changes).
+std::string engine_build();
 // Waits for the engine stream of this thread.
 void cuda_synchronize();
 

@@ -229,7 +229,7 @@ struct LstmOptions {
   // so do cuDNN's training calls with dropout between layers (cuDNN's dropout state lives in it).
   GraphMode cuda_graphs = GraphMode::Auto;
   // For Algo::Auto: the file its choices are kept in across processes, per GPU, library versions,
-  // case and shape. "" (the default): $LSTM_AUTO_CACHE, else $XDG_CACHE_HOME/lstm-engine/auto.json,
+  // build of the engine (engine_build()), case and shape. "" (the default): $LSTM_AUTO_CACHE, else $XDG_CACHE_HOME/lstm-engine/auto.json,
   // else ~/.cache/lstm-engine/auto.json; "-": none (measure in every process).
   std::string auto_cache;
 };

@@ -1,13 +1,17 @@
-// Library versions of the GPU stack, for `lstm info` and benchmark reports.
+// This build and the library versions of the GPU stack, for `lstm info`, Algo::Auto's kept choices
+// and benchmark reports.
 #include <string>
 
 #include "lstm/device.hpp"
+#include "lstm_build_id.h"
 #if LSTM_HAVE_CUDA
 #include "cuda/cublas_util.hpp"
 #include "cudnn/cudnn_util.hpp"
 #endif
 
 namespace lstm {
+
+std::string engine_build() { return LSTM_BUILD_ID; }
 
 std::string cuda_versions() {
 #if LSTM_HAVE_CUDA

@@ -8,8 +8,9 @@
 // Why measure rather than rule: which backend wins moves with the shape, the dtype and the GPU
 // (cuDNN's persistent algorithms win small batches in fp16 and refuse bf16; our fused kernels win
 // stacks; the standard algorithm wins large batches), and a rule written today is wrong on the
-// next GPU or library. The choice is kept in a file per GPU and library versions, so a process
-// that meets the same shape again measures nothing.
+// next GPU or library. The choice is kept in a file per GPU, library versions and build of the
+// engine (engine_build(): a build with other kernels measures again), so a process that meets
+// the same shape again measures nothing.
 //
 // What is timed: each candidate warms up until it has settled (its CUDA-graph decision, at most
 // kMaxWarmup calls), then kTimed calls are timed (GPU: events; CPU: the wall clock) and the fastest
@@ -224,7 +225,7 @@ class AutoBackend final : public LstmBackend {
     if (device() == Device::CPU) {
       // The thread count decides as much as the CPU does.
       static const std::string model = cpu_model();
-      os << model << " | " << num_threads() << " threads, oneDNN "
+      os << model << " | lstm-engine " << engine_build() << ", " << num_threads() << " threads, oneDNN "
          << (cpu::onednn_built() ? cpu::onednn_version() : std::string("none")) << " | ";
     } else {
       std::string gpu = "?";
@@ -232,7 +233,7 @@ class AutoBackend final : public LstmBackend {
       for (const GpuInfo& g : cuda_devices())
         if (g.index == ctx.device_index) gpu = g.name;
 #endif
-      os << gpu << " | " << cuda_versions() << " | ";
+      os << gpu << " | lstm-engine " << engine_build() << ", " << cuda_versions() << " | ";
     }
     os << auto_spec_key(spec()) << ' ' << dtype_name(dtype())
        << (options_.allow_tf32 ? " tf32" : "") << " graphs:" << graph_mode_name(options_.cuda_graphs) << " | B" << k[0]
