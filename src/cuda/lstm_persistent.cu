@@ -929,10 +929,9 @@ __device__ __forceinline__ void cluster_product(const unsigned (&afr)[MPW][NT][4
 
 // MT m-tiles (U = 4 MT units) per CTA; each warp takes cluster_mpw(MT) of them over one of
 // cluster_wk(MT) shares of K, holding up to cluster_tiles(MT) k-tiles of W per m-tile in registers;
-// batch rows in NB tiles of 8 (at most 8
-// NB rows per cluster). Every thread of the first U B does the cell of one (unit, batch row); after
-// it every CTA's h_t goes to every CTA, one 16-byte (8-byte for U = 4) st.async per thread and
-// row tile at most.
+// the cluster's batch rows (at most 8 NB) in NB tiles of 8. Every thread of the first U B does the
+// cell of one (unit, batch row); after it every CTA's h_t goes to every CTA, one 16-byte (8-byte
+// for U = 4) st.async per thread and row tile at most.
 template <class E, int MT, bool WAVE, int NB>
 __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(const PersistentArgs<E> a, int cl) {
   static_assert(NB == 1 || (NB == 2 && !WAVE), "16-row tiles are for clusters outside the wavefront");
@@ -1274,7 +1273,7 @@ __global__ void __launch_bounds__(kClusterBlock, 1) persistent_cluster_kernel(co
 size_t cluster_smem_bytes(int units, int64_t H, bool wavefront, int rows) {
   const size_t KS = static_cast<size_t>(cluster_ks(static_cast<int>(H), units));
   const int MT = units / 4;
-  // (The wavefront's Xs, 8 x KS values, and gxs, 8 x units x 4 words.)
+  // (The wavefront's Xs, rows x KS values, and gxs, rows x units x 4 words.)
   const size_t NP = static_cast<size_t>(rows);
   return (4 * static_cast<size_t>(units) + 2 * NP + (wavefront ? NP : 0)) * KS * 2 +
          (wavefront ? NP * static_cast<size_t>(units) * 4 * 8 : 0) +
