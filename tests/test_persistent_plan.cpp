@@ -127,7 +127,7 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
   // rows still as 5 groups of 8.
   struct Split {
     int64_t H, groups, B;
-    int resident, batch_groups, rows, cluster_rows;
+    int resident, batch_groups, rows, tile_rows;
   };
   for (const Split& c : std::vector<Split>{{256, 1, 8, 0, 1, 8, 8},
                                            {256, 1, 9, 0, 2, 5, 8},
@@ -141,7 +141,7 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
     ASSERT_EQ(plan_persistent_cluster(h200(), c.H, c.H, 0, c.groups, c.B, DType::BF16, &s, c.resident), "") << c.B;
     EXPECT_EQ(s.batch_groups, c.batch_groups) << c.H << " " << c.B;
     EXPECT_EQ(s.rows, c.rows) << c.H << " " << c.B;
-    EXPECT_EQ(s.cluster_rows, c.cluster_rows) << c.H << " " << c.B;
+    EXPECT_EQ(s.tile_rows(), c.tile_rows) << c.H << " " << c.B;
     PersistentShape one;
     ASSERT_EQ(plan_persistent_cluster(h200(), c.H, c.H, 0, 1, 1, DType::BF16, &one), "");
     EXPECT_EQ(s.units, one.units);
@@ -149,9 +149,9 @@ TEST(PersistentPlan, ClusterKernelsTakeOneLayerUpToHidden512) {
     // more rows.
     const size_t more = 8 * (2 * (512 + 8) * 2 + 4 * (128 + 4) * 4 + 32 * 2);
     if (c.H == 512) {
-      EXPECT_EQ(s.smem, one.smem + (c.cluster_rows == 16 ? more : 0)) << c.B;
+      EXPECT_EQ(s.smem, one.smem + (c.tile_rows == 16 ? more : 0)) << c.B;
     }
-    if (c.cluster_rows == 8) {
+    if (c.tile_rows == 8) {
       EXPECT_EQ(s.smem, one.smem) << c.H << " " << c.B;
     }
     EXPECT_LE(s.smem, size_t{232448});

@@ -1555,7 +1555,7 @@ auto cluster_kernel_nb(int units) {
 template <class E>
 auto cluster_kernel(const PersistentShape& p, bool wave) {
   if (wave) return cluster_kernel_nb<E, true, 1>(p.units);
-  return p.cluster_rows > 8 ? cluster_kernel_nb<E, false, 2>(p.units) : cluster_kernel_nb<E, false, 1>(p.units);
+  return p.tile_rows() > 8 ? cluster_kernel_nb<E, false, 2>(p.units) : cluster_kernel_nb<E, false, 1>(p.units);
 }
 template <class E>
 auto cluster_backward_kernel(int units) {
@@ -1583,9 +1583,9 @@ void launch_cluster(const PersistentArgs<E>& a, int groups, const PersistentShap
                  "persistent LSTM: the device places " << p.resident << " clusters of " << p.ctas << " CTAs with "
                                                        << p.smem << " bytes of shared memory each at once; "
                                                        << (wave ? groups : 1) << " are needed");
-    LSTM_REQUIRE(p.rows > 0 && p.rows <= p.cluster_rows && p.batch_groups >= 1 &&
+    LSTM_REQUIRE(p.rows > 0 && p.rows <= 2 * kClusterRows && p.batch_groups >= 1 &&
                      static_cast<int64_t>(p.rows) * p.batch_groups >= a.B && (p.batch_groups == 1 || !wave) &&
-                     (p.cluster_rows == 8 || (p.cluster_rows == 16 && !wave)),
+                     (p.rows <= kClusterRows || !wave),
                  "persistent LSTM: bad plan (" << p.batch_groups << " batch groups of " << p.rows << " rows for batch "
                                                << a.B << (wave ? ", wavefront" : "") << ")");
     PersistentArgs<E> args = a;
@@ -1678,7 +1678,6 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     out->ctas = static_cast<int>(cl);
     out->smem = smem;
     out->cluster = true;
-    out->cluster_rows = kClusterRows;
     // Batch groups of equal size, at most 8 rows each; where the device holds fewer clusters than
     // that makes (resident, known), as many groups as it holds (at least one per 16 rows) in
     // 16-row tiles: one wave of clusters with 9 to 16 rows each runs faster than two of 8 (a step
@@ -1689,10 +1688,7 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
       const size_t smem16 = cluster_smem_bytes(units, H, false, 2 * kClusterRows);
       if (fit < bg && smem16 <= dev.smem_per_block) {
         bg = fit;
-        if ((B + bg - 1) / bg > kClusterRows) {
-          out->cluster_rows = 2 * kClusterRows;
-          out->smem = smem16;
-        }
+        if ((B + bg - 1) / bg > kClusterRows) out->smem = smem16;
       }
     }
     out->batch_groups = static_cast<int>(bg);
@@ -1723,7 +1719,7 @@ std::string plan_persistent_cluster(int64_t H, int64_t Hout, int64_t in_size, in
     const int resident = out->resident;
     why = plan_persistent_cluster(dev, H, Hout, in_size, groups, B, dtype, out, resident);
     if (!why.empty()) return why;
-    out->resident = out->cluster_rows == kClusterRows ? resident : capacity();
+    out->resident = out->rows <= kClusterRows ? resident : capacity();
   }
   const int64_t needed = wave ? groups : 1;
   if (out->resident < needed)
@@ -1859,7 +1855,7 @@ void launch_persistent_backward(const PersistentBackArgs<E>& a, const Persistent
                  "persistent LSTM backward: bad plan (" << p.ctas << " CTAs, " << p.resident << " resident clusters)");
     LSTM_REQUIRE(a.T > 0 && a.B > 0, "persistent LSTM backward: expected at least one step and one row, got T "
                                          << a.T << ", B " << a.B);
-    LSTM_REQUIRE(p.rows > 0 && static_cast<int64_t>(p.rows) * p.batch_groups >= a.B,
+    LSTM_REQUIRE(p.rows > 0 && p.rows <= kClusterRows && static_cast<int64_t>(p.rows) * p.batch_groups >= a.B,
                  "persistent LSTM backward: bad plan (" << p.batch_groups << " batch groups of " << p.rows
                                                         << " rows for batch " << a.B << ")");
     PersistentBackArgs<E> args = a;

@@ -26,8 +26,8 @@ namespace lstm::cuda {
 // such clusters the device holds at once (planned on a device; 0 from the pure planner). A batch
 // of more than 8 rows is split into `batch_groups` clusters per group of `rows` rows each (the
 // last may have fewer; outside the wavefront, where nothing crosses clusters), so a launch runs
-// groups x batch_groups clusters, in waves when the device holds fewer; `cluster_rows` is the
-// kernel's batch tile (8, or 16 where 8-row groups would not fit the device at once).
+// groups x batch_groups clusters, in waves when the device holds fewer; groups of more than 8 rows
+// (where 8-row groups would not fit the device at once) run the kernel's 16-row tiles.
 struct PersistentShape {
   int units = 0, ctas = 0, n_tiles = 0;
   size_t smem = 0;
@@ -35,7 +35,8 @@ struct PersistentShape {
   bool cluster = false;
   int resident = 0;
   int rows = 0, batch_groups = 1;
-  int cluster_rows = 0;  // the cluster kernel's batch tile: 8 rows, or 16 (rows 9 to 16, not in a wavefront)
+  // The cluster kernel's batch tile: 8 rows, or 16 for groups of 9 to 16 rows.
+  int tile_rows() const { return rows > 8 ? 16 : 8; }
 };
 
 // The measurement knobs of the persistent kernels (docs/DEVELOPING.md), read from the environment
