@@ -1671,12 +1671,10 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     const int wk = cluster_wk(units / 4);
     if ((k_tiles + wk - 1) / wk > cluster_tiles(units / 4)) continue;
     if (cl * groups > dev.sms) continue;
-    const size_t smem = cluster_smem_bytes(units, H, in_size > 0, kClusterRows);
-    if (smem > dev.smem_per_block) continue;
+    if (cluster_smem_bytes(units, H, in_size > 0, kClusterRows) > dev.smem_per_block) continue;
     *out = PersistentShape();
     out->units = units;
     out->ctas = static_cast<int>(cl);
-    out->smem = smem;
     out->cluster = true;
     // Batch groups of equal size, at most 8 rows each; where the device holds fewer clusters than
     // that makes (resident, known), as many groups as it holds (at least one per 16 rows) in
@@ -1685,14 +1683,11 @@ std::string plan_persistent_cluster(const PersistentDevice& dev, int64_t H, int6
     int64_t bg = (B + kClusterRows - 1) / kClusterRows;
     if (resident > 0 && !in_size && groups * bg > resident) {
       const int64_t fit = std::max<int64_t>(resident / groups, (B + 2 * kClusterRows - 1) / (2 * kClusterRows));
-      const size_t smem16 = cluster_smem_bytes(units, H, false, 2 * kClusterRows);
-      if (fit < bg && smem16 <= dev.smem_per_block) {
-        bg = fit;
-        if ((B + bg - 1) / bg > kClusterRows) out->smem = smem16;
-      }
+      if (fit < bg && cluster_smem_bytes(units, H, false, 2 * kClusterRows) <= dev.smem_per_block) bg = fit;
     }
     out->batch_groups = static_cast<int>(bg);
     out->rows = static_cast<int>((B + bg - 1) / bg);
+    out->smem = cluster_smem_bytes(units, H, in_size > 0, out->tile_rows());
     return "";
   }
   return "hidden size " + std::to_string(H) + " does not fit one cluster of " + std::to_string(kClusterMax) +
